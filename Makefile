@@ -1,0 +1,37 @@
+# normprop: `make reproduce-all` and `make test` each set up the project on a fresh machine first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PRESET ?= quick
+DATASET ?=
+JOBS   ?= 1
+DATASET_OPT := $(if $(DATASET),--dataset $(DATASET),)
+
+.PHONY: install test lint reproduce-all bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check normprop_cli tests
+	$(BIN)/ruff format --check normprop_cli tests
+
+# Every experiment of the paper, then the figures and the report.
+# `make reproduce-all PRESET=paper DATASET=cifar10` runs the paper's protocol (meant for a CUDA GPU).
+reproduce-all: $(STAMP)
+	$(BIN)/normprop reproduce-all --preset $(PRESET) $(DATASET_OPT)
+
+bench: $(STAMP)
+	$(BIN)/normprop bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from normprop_cli.cli import main
+
+main()

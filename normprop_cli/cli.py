@@ -1,0 +1,167 @@
+"""The `normprop` command: Typer options -> Hydra config -> experiment runner."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from normprop_cli import config
+from normprop_cli.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Normalization Propagation (Arpit et al., ICML 2016): run, plot and report "
+                       "every experiment of the paper.")
+
+Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
+Preset = Annotated[str | None, typer.Option(help="paper | quick | smoke (default: quick).")]
+ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: results/).")]
+
+
+def user_errors(command):
+    """Bad input is one line on stderr and exit code 2, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(UserError.exit_code) from None
+
+    return wrapper
+
+
+@app.command("list")
+@user_errors
+def list_() -> None:
+    """Experiments, data sets and presets, one line each."""
+    for group in ("experiment", "dataset", "preset"):
+        typer.echo(f"{group}s:")
+        for name in config.options(group):
+            typer.echo(f"  {name:<16} {config.describe(group, name)}")
+
+
+@app.command()
+@user_errors
+def info(data_dir: Annotated[Path, typer.Option(help="Where data sets are looked for.")] = Path("data")) -> None:
+    """Versions, the device that `auto` picks, and which data sets are present."""
+    import hydra
+    import numpy
+    import torch
+    import torchvision
+
+    import normprop_cli
+    from normprop_cli import device as devices
+    from normprop_cli.data import available_datasets
+
+    device = devices.resolve("auto")
+    typer.echo(f"normprop     {normprop_cli.__version__}")
+    typer.echo(f"python       {sys.version.split()[0]}")
+    for module in (torch, torchvision, numpy, hydra):
+        typer.echo(f"{module.__name__:<12} {module.__version__}")
+    typer.echo(f"device       {devices.describe(device)} (cuda available: {torch.cuda.is_available()})")
+    typer.echo(f"configs      {config.conf_dir()}")
+    typer.echo(f"data dir     {data_dir.resolve()}")
+    for name, present in available_datasets(data_dir).items():
+        typer.echo(f"  {name:<10} {'present' if present else 'missing (normprop run ... --download)'}")
+
+
+def compose(experiment, preset, dataset, overrides, **settings):
+    from normprop_cli.experiments import RUNNERS
+
+    cfg = config.load(experiment, preset=preset, dataset=dataset, overrides=overrides or [], **settings)
+    if experiment not in RUNNERS:
+        raise UserError(f"experiment '{experiment}' has a config but no runner yet; "
+                        f"runnable: {', '.join(RUNNERS)}")
+    return cfg
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+@user_errors
+def run(
+    experiment: Annotated[str, typer.Argument(help="An experiment from `normprop list`.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Hydra overrides, e.g. train.epochs=5.")] = None,
+    dataset: Dataset = None,
+    preset: Preset = None,
+    seeds: Annotated[int | None, typer.Option(help="Seeds per setting.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where data sets are (default: data/).")] = None,
+    results_dir: ResultsDir = None,
+    download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
+) -> None:
+    """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
+    from normprop_cli.experiments import runner
+
+    if seeds is not None and seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    cfg = compose(experiment, preset, dataset, overrides, seeds=seeds, device=device, data_dir=data_dir,
+                  results_dir=results_dir, download=download or None, quiet=quiet or None)
+    out = runner(experiment).run(cfg)
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+@user_errors
+def plot(
+    experiment: Annotated[str, typer.Argument(help="An experiment from `normprop list`.")],
+    dataset: Dataset = None,
+    preset: Preset = None,
+    results_dir: ResultsDir = None,
+) -> None:
+    """Redraw an experiment's figures from its CSVs alone: no model, no training."""
+    from normprop_cli.experiments import runner
+
+    cfg = compose(experiment, preset, dataset, [], results_dir=results_dir)
+    for path in runner(experiment).plot(cfg):
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def report(results_dir: ResultsDir = None) -> None:
+    """Write results/REPORT.md from the CSVs and figures that are there."""
+    from normprop_cli.report import write_report
+
+    typer.echo(f"wrote {write_report(results_dir or Path(config.load('theory').results_dir))}")
+
+
+@app.command("reproduce-all")
+@user_errors
+def reproduce_all(
+    preset: Preset = None,
+    dataset: Dataset = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where data sets are (default: data/).")] = None,
+    results_dir: ResultsDir = None,
+    download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
+) -> None:
+    """Every experiment in the paper's order (theory first), then the figures and the report."""
+    import time
+
+    from normprop_cli.experiments import RUNNERS, runner
+    from normprop_cli.report import write_report
+
+    start = time.perf_counter()
+    cfg = None
+    for experiment in RUNNERS:
+        typer.echo(f"== {experiment}", err=True)
+        cfg = compose(experiment, preset, None if experiment == "theory" else dataset, [], device=device,
+                      data_dir=data_dir, results_dir=results_dir, download=download or None,
+                      quiet=quiet or None)
+        typer.echo(f"wrote {runner(experiment).run(cfg)}")
+    typer.echo(f"wrote {write_report(Path(cfg.results_dir))}")
+    typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

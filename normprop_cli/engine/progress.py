@@ -1,0 +1,93 @@
+"""Progress of a sweep: a rich bar per run, or one line per finished run with --quiet."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+console = Console(stderr=True)
+
+
+class RichProgress:
+    """One bar per run: epoch, last loss and accuracy, time left."""
+
+    def __init__(self, total_runs: int):
+        self.total_runs, self.index = total_runs, 0
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=console, transient=False)
+        self.task = None
+        self.steps_per_epoch = 1
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+
+    def start(self, spec, epochs, steps_per_epoch, done):
+        self.index += 1
+        self.steps_per_epoch = steps_per_epoch
+        self.task = self.bar.add_task(f"[{self.index}/{self.total_runs}] {spec.name}",
+                                      total=epochs * steps_per_epoch, completed=done * steps_per_epoch,
+                                      status=f"epoch {done}/{epochs}")
+        self.epochs = epochs
+
+    def step(self, n):
+        self.bar.advance(self.task, n)
+
+    def epoch(self, row):
+        self.bar.update(self.task, status=f"epoch {row['epoch']}/{self.epochs} loss {row['train_loss']:.3f} "
+                                          f"test acc {row['test_acc']:.1f}%")
+
+    def finish(self, manifest):
+        if manifest["status"] != "complete":
+            self.bar.update(self.task, status=f"[red]{manifest['status']}")
+        self.bar.stop_task(self.task)
+
+    def skip(self, spec, manifest):
+        self.index += 1
+        self.bar.console.print(f"[{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped")
+
+
+class QuietProgress:
+    """One line per finished run, for logs and CI."""
+
+    def __init__(self, total_runs: int):
+        self.total_runs, self.index, self.last = total_runs, 0, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def start(self, spec, epochs, steps_per_epoch, done):
+        self.index += 1
+        self.name = spec.name
+
+    def step(self, n):
+        pass
+
+    def epoch(self, row):
+        self.last = row
+
+    def finish(self, manifest):
+        last = self.last or {}
+        acc = f", test acc {last['test_acc']:.2f}%" if "test_acc" in last else ""
+        print(f"[{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
+              f"{manifest['epochs_done']} epochs{acc}", file=sys.stderr, flush=True)
+        self.last = None
+
+    def skip(self, spec, manifest):
+        self.index += 1
+        print(f"[{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped",
+              file=sys.stderr, flush=True)
+
+
+def make_progress(total_runs: int, quiet: bool):
+    return (QuietProgress if quiet or not sys.stderr.isatty() else RichProgress)(total_runs)

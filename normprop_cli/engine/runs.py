@@ -1,0 +1,117 @@
+"""A run is one (setting, seed) of an experiment: its config, its directory, its manifest."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import normprop_cli
+from normprop_cli import io
+from normprop_cli.errors import UserError
+
+MANIFEST, CONFIG, METRICS, CHECKPOINT = "manifest.json", "config.yaml", "metrics.csv", "checkpoint.pt"
+# Keys of a run's config that say what is computed; the rest (device, paths, ...) may change on resume.
+RUN_KEYS = ("experiment", "run", "seed", "dataset", "model", "train")
+
+
+@dataclass
+class RunSpec:
+    name: str          # e.g. "normprop-flip-s0"
+    setting: str       # the grid entry's id, e.g. "normprop-flip"
+    seed: int
+    cfg: DictConfig    # the resolved config of this one run
+
+    @property
+    def run_cfg(self) -> DictConfig:
+        return OmegaConf.masked_copy(self.cfg, [k for k in RUN_KEYS if k in self.cfg])
+
+
+def sweep_dir(cfg: DictConfig) -> Path:
+    """results/<experiment>/<dataset>/"""
+    return Path(cfg.results_dir) / cfg.experiment.name / cfg.dataset.name
+
+
+def run_dir(cfg: DictConfig, name: str) -> Path:
+    return sweep_dir(cfg) / "runs" / name
+
+
+def expand_grid(cfg: DictConfig) -> list[RunSpec]:
+    """The experiment's `grid` (settings, each a few dotted overrides) times its seeds."""
+    specs = []
+    for entry in cfg.get("grid") or [{"id": "default", "set": {}}]:
+        for k in range(int(cfg.seeds)):
+            seed = int(cfg.seed) + k
+            run = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+            for key, value in (entry.get("set") or {}).items():
+                if OmegaConf.select(run, key, default="<missing>") == "<missing>":
+                    raise UserError(f"grid entry '{entry['id']}' sets unknown key '{key}' "
+                                    f"in experiment {cfg.experiment.name}")
+                OmegaConf.update(run, key, value, merge=False)
+            name = f"{entry['id']}-s{seed}"
+            run.run = {"name": name, "setting": entry["id"]}
+            run.seed = seed
+            run.pop("grid", None)
+            specs.append(RunSpec(name=name, setting=entry["id"], seed=seed, cfg=run))
+    if not specs:
+        raise UserError(f"experiment {cfg.experiment.name} expands to no runs; use --seeds 1 or more")
+    return specs
+
+
+@lru_cache(maxsize=1)
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(normprop_cli.__file__).parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    return {"python": sys.version.split()[0], "torch": torch.__version__,
+            "normprop": normprop_cli.__version__, "platform": platform.platform()}
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def read_manifest(path: Path) -> dict | None:
+    try:
+        return io.read_json(path / MANIFEST)
+    except (OSError, ValueError):
+        return None
+
+
+def check_same_config(spec: RunSpec, path: Path) -> None:
+    """A run directory belongs to one config; a different one must not silently mix with it."""
+    stored_file = path / CONFIG
+    if not stored_file.exists():
+        return
+    stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
+    differ = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+    if differ:
+        raise UserError(f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "
+                        "differ); pass another --results-dir or delete that run directory")
+
+
+def _flat(cfg) -> dict:
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out

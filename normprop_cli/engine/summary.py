@@ -1,0 +1,44 @@
+"""summary.csv: one row per run, read back from each run's manifest and metrics.csv."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from normprop_cli import io
+from normprop_cli.engine.runs import METRICS, RunSpec, run_dir, sweep_dir
+from normprop_cli.errors import UserError
+
+
+def metrics(spec: RunSpec) -> pd.DataFrame:
+    path = run_dir(spec.cfg, spec.name) / METRICS
+    return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+
+
+def run_row(spec: RunSpec, manifest: dict) -> dict:
+    """The columns every experiment's summary shares; errors are in percent."""
+    m = metrics(spec)
+    row = {"run": spec.name, "setting": spec.setting, "method": spec.cfg.model.norm, "seed": spec.seed,
+           "status": manifest.get("status"), "epochs_done": manifest.get("epochs_done", 0),
+           "device": manifest.get("device")}
+    if len(m):
+        best = m.loc[m["val_acc"].idxmax()]
+        row |= {"final_test_error": 100.0 - m["test_acc"].iloc[-1],
+                "final_val_error": 100.0 - m["val_acc"].iloc[-1],
+                "best_val_epoch": int(best["epoch"]),
+                "best_val_test_error": 100.0 - best["test_acc"],
+                "median_epoch_seconds": m["epoch_seconds"].median()}
+    return row
+
+
+def write_summary(cfg, rows: Sequence[dict]) -> Path:
+    return io.write_csv(sweep_dir(cfg) / "summary.csv", pd.DataFrame(list(rows)))
+
+
+def read_csv(path: Path, command: str) -> pd.DataFrame:
+    """A CSV that a figure or the report needs; missing is a one-line error naming the command."""
+    if not path.exists():
+        raise UserError(f"{path} is missing; `{command}` produces it")
+    return pd.read_csv(path)

@@ -1,0 +1,185 @@
+"""NormProp layers (eq. 9 fully connected, eq. 11 convolution) and the unit-norm constraint.
+
+    o_i = ( act( gamma_i (W_i * x) / (f ||W_i||) + beta_i ) - c2 ) / c1
+
+c2, c1: mean and std of act(X), X ~ N(0, 1) (Remark 1, Remark 2, eq. 12); f: the Jacobian
+factor (section 3.4). `jacobian` chooses where f goes: "divide" (ICML text, the default),
+"init" (arXiv text: gamma_i starts at 1/f, no division) or "off" (f = 1).
+`activation=None` is the classifier layer: gamma_i (W_i x) / ||W_i|| + beta_i, nothing after.
+Every activation uses this form; eq. 12 as printed also divides beta_i by ||W_i|| and drops f.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
+
+JACOBIAN_MODES = ("divide", "init", "off")
+
+
+class NormPropLayer(nn.Module):
+    """What NormPropConv2d and NormPropLinear share; subclasses give `_op(x, weight, bias)`.
+
+    Performance: the normalisation is applied to the weights, never to the activations.
+    With s_i = gamma_i / (f c1 ||W_i||) (weight-sized work), for ReLU, as c1 > 0:
+        (relu(z) - c2) / c1 = relu(z / c1) - c2 / c1 = max(z / c1 - c2 / c1, -c2 / c1)
+        z / c1 - c2 / c1    = (W s) * x + (beta - c2) / c1
+    so one conv with weight W s and bias (beta - c2) / c1 is followed by one clamp_min,
+    the cost of conv + ReLU. PReLU is positively homogeneous too: prelu(z) / c1 =
+    prelu((W s) * x + beta / c1), then one subtraction of c2 / c1. Any other activation:
+    act((W gamma / (f ||W||)) * x + beta), then the affine (two elementwise passes).
+    """
+
+    def __init__(
+        self, out_features: int, activation: str | None, jacobian: str, prelu_init: float
+    ) -> None:
+        super().__init__()
+        if jacobian not in JACOBIAN_MODES:
+            raise ValueError(f"jacobian must be one of {JACOBIAN_MODES}, got {jacobian!r}")
+        self.activation = "identity" if activation is None else activation
+        self.jacobian = jacobian
+        self.prelu_init = prelu_init
+        if self.activation == "prelu":
+            self.slope = nn.Parameter(torch.full((1,), float(prelu_init)))
+            self._init_factor = float(prelu_stats(float(prelu_init)).jacobian_factor)
+        else:
+            self.slope = None
+            self._fixed_stats = activation_stats(self.activation)  # raises on unknown names
+            self._init_factor = float(self._fixed_stats.jacobian_factor)
+        self.gamma = nn.Parameter(torch.empty(out_features))
+        self.beta = nn.Parameter(torch.empty(out_features))
+
+    def reset_parameters(self) -> None:
+        """Section 4.2: Glorot (normalized) weights, beta = 0; gamma = 1, or 1/f for "init"."""
+        nn.init.xavier_uniform_(self.weight)
+        nn.init.zeros_(self.beta)
+        nn.init.constant_(self.gamma, 1.0 / self._init_factor if self.jacobian == "init" else 1.0)
+        if self.slope is not None:
+            nn.init.constant_(self.slope, self.prelu_init)
+
+    def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def stats(self) -> ActivationStats:
+        """c2, c1 and the Jacobian factor now (for PReLU: tensors of the current slope)."""
+        return prelu_stats(self.slope) if self.slope is not None else self._fixed_stats
+
+    def divisor(self) -> float | Tensor:
+        """f of eq. 11: the Jacobian factor in "divide" mode, else 1."""
+        return self.stats().jacobian_factor if self.jacobian == "divide" else 1.0
+
+    def _per_filter(self, v: Tensor) -> Tensor:
+        return v.reshape(-1, *(1,) * (self.weight.ndim - 1))
+
+    def filter_norms(self) -> Tensor:
+        """||W_i||_2 (linear) or ||W_i||_F (conv), one per output unit."""
+        return torch.linalg.vector_norm(self.weight.flatten(1), dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        st = self.stats()
+        c2, c1, f = st.mean, st.std, self.divisor()
+        norm = self.filter_norms()
+        if self.activation == "identity":  # classifier: c2 = 0, c1 = f = 1
+            return self._op(x, self.weight * self._per_filter(self.gamma / norm), self.beta)
+        if self.activation == "relu":  # eq. 11, folded (class docstring)
+            scale = self.gamma / (f * c1 * norm)
+            u = self._op(x, self.weight * self._per_filter(scale), (self.beta - c2) / c1)
+            return torch.clamp_min(u, -c2 / c1)
+        if self.activation == "prelu":  # eq. 11 with PReLU (eq. 13, Remark 2), 1/c1 folded
+            scale = self.gamma / (f * c1 * norm)
+            u = self._op(x, self.weight * self._per_filter(scale), self.beta / c1)
+            return F.prelu(u, self.slope) - c2 / c1
+        scale = self.gamma / (f * norm)  # eq. 11 with any activation (section 4.6)
+        a = ACTIVATIONS[self.activation].fn(
+            self._op(x, self.weight * self._per_filter(scale), self.beta)
+        )
+        return (a - c2) * (1.0 / c1)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}, jacobian={self.jacobian}"
+
+
+class NormPropConv2d(NormPropLayer):
+    """Convolution with NormProp, eq. 11; ||W_i||_F over each filter (in x kh x kw)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int = 1,
+        padding: int = 0,
+        activation: str | None = "relu",
+        jacobian: str = "divide",
+        prelu_init: float = 0.25,
+    ) -> None:
+        super().__init__(out_channels, activation, jacobian, prelu_init)
+        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = (kh, kw), stride, padding
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kh, kw))
+        self.reset_parameters()
+
+    def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return F.conv2d(x, weight, bias, self.stride, self.padding)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, {super().extra_repr()}"
+        )
+
+
+class NormPropLinear(NormPropLayer):
+    """Fully connected layer with NormProp, eq. 9; ||W_i||_2 over each row."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        activation: str | None = "relu",
+        jacobian: str = "divide",
+        prelu_init: float = 0.25,
+    ) -> None:
+        super().__init__(out_features, activation, jacobian, prelu_init)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.reset_parameters()
+
+    def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return F.linear(x, weight, bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {super().extra_repr()}"
+
+
+def reference_forward(layer: NormPropLayer, x: Tensor) -> Tensor:
+    """Eq. 9 / eq. 11 term by term, unfolded: the slow, literal form of layer(x)."""
+    st = layer.stats()
+    wx = layer._op(x, layer.weight, None)  # W_i * x
+    shape = (1, -1) + (1,) * (wx.ndim - 2)
+    z = layer.gamma.view(shape) * wx / (
+        layer.divisor() * layer.filter_norms().view(shape)
+    ) + layer.beta.view(shape)
+    if layer.activation == "prelu":
+        a = F.prelu(z, layer.slope)  # eq. 13
+    else:
+        a = ACTIVATIONS[layer.activation].fn(z)
+    return (a - st.mean) / st.std
+
+
+@torch.no_grad()
+def constrain_unit_norm_(model: nn.Module) -> None:
+    """Section 4.4: rescale every filter W_i of every NormProp layer in `model` to unit l2 norm.
+
+    Call after each optimiser step. The forward pass divides by ||W_i||, so this never
+    changes the function the model computes, only the optimisation: the gradient with
+    respect to W_i scales with 1/||W_i||, so fixing ||W_i|| = 1 fixes the effective step.
+    """
+    weights = [m.weight for m in model.modules() if isinstance(m, NormPropLayer)]
+    if weights:
+        norms = [
+            torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim)), keepdim=True) for w in weights
+        ]
+        torch._foreach_div_(weights, norms)

@@ -1,0 +1,146 @@
+"""The NIN backbone of section 5 (SPEC section 4), with the normalisation chosen by name.
+
+C(192,5,1,2)-C(160,1,1,0)-P(3,2,1,max)-C(96,1,1,0)-C(192,5,1,2)-C(192,1,1,0)-P(3,2,1,avg)-
+C(192,1,1,0)-C(192,5,1,0)-C(192,1,1,2)-C(K,1,1,0)-P(8,8,0,avg), on 32x32 inputs
+(spatial 32 -> 16 -> 8 -> 4 -> 8 -> 1). Pooling is not re-normalised (section 3.2).
+"""
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from .layers import NormPropConv2d
+from .stats import ACTIVATIONS
+
+# C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
+ARCHITECTURE = (
+    ("C", 192, 5, 1, 2),
+    ("C", 160, 1, 1, 0),
+    ("P", 3, 2, 1, "max"),
+    ("C", 96, 1, 1, 0),
+    ("C", 192, 5, 1, 2),
+    ("C", 192, 1, 1, 0),
+    ("P", 3, 2, 1, "avg"),
+    ("C", 192, 1, 1, 0),
+    ("C", 192, 5, 1, 0),
+    ("C", 192, 1, 1, 2),
+    ("C", "K", 1, 1, 0),
+    ("P", 8, 8, 0, "avg"),
+)
+
+# (in_channels, out_channels, kernel, stride, padding, **options) -> module. The options are
+# NIN's `activation` and `jacobian`; a factory takes the ones it uses.
+ConvFactory = Callable[..., nn.Module]
+
+
+@dataclass(frozen=True)
+class Norm:
+    block: ConvFactory  # a hidden conv layer, activation included
+    classifier: ConvFactory  # the last conv, no activation
+
+
+class _Elementwise(nn.Module):
+    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def activation_module(name: str) -> nn.Module:
+    """The plain (un-normalised) activation for the baselines."""
+    if name == "relu":
+        return nn.ReLU(inplace=True)
+    if name == "prelu":
+        return nn.PReLU(num_parameters=1, init=0.25)
+    return _Elementwise(ACTIVATIONS[name].fn)
+
+
+def _glorot(conv: nn.Conv2d) -> nn.Conv2d:
+    """Section 4.2 initialisation for the baselines too, so only the normalisation differs."""
+    nn.init.xavier_uniform_(conv.weight)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
+    return conv
+
+
+def _plain_conv(i, o, k, s, p, **_) -> nn.Module:
+    return _glorot(nn.Conv2d(i, o, k, s, p))
+
+
+def _plain_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    return nn.Sequential(_plain_conv(i, o, k, s, p), activation_module(activation))
+
+
+def _batchnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    conv = _glorot(nn.Conv2d(i, o, k, s, p, bias=False))
+    return nn.Sequential(conv, nn.BatchNorm2d(o), activation_module(activation))
+
+
+def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", **_) -> nn.Module:
+    return NormPropConv2d(i, o, k, s, p, activation=activation, jacobian=jacobian)
+
+
+def _normprop_classifier(i, o, k, s, p, jacobian="divide", **_) -> nn.Module:
+    return NormPropConv2d(i, o, k, s, p, activation=None, jacobian=jacobian)
+
+
+NORMS: dict[str, Norm] = {
+    "none": Norm(_plain_block, _plain_conv),
+    "batchnorm": Norm(_batchnorm_block, _plain_conv),
+    "normprop": Norm(_normprop_block, _normprop_classifier),
+}
+
+
+def register_norm(name: str, block: ConvFactory, classifier: ConvFactory) -> None:
+    """Make `NIN(norm=name)` build its hidden convs with `block` and its last with `classifier`."""
+    NORMS[name] = Norm(block, classifier)
+
+
+class NIN(nn.Module):
+    """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32]."""
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        norm: str = "normprop",
+        width: float = 1.0,
+        activation: str = "relu",
+        jacobian: str = "divide",
+    ) -> None:
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"unknown norm {norm!r}; known: {', '.join(sorted(NORMS))}")
+        factories = NORMS[norm]
+        options = {"activation": activation, "jacobian": jacobian}
+        layers, channels, n_conv, n_pool = [], in_channels, 0, 0
+        for kind, *spec in ARCHITECTURE:
+            if kind == "P":
+                n_pool += 1
+                kernel, stride, pad, mode = spec
+                pool = nn.MaxPool2d if mode == "max" else nn.AvgPool2d
+                layers.append((f"pool{n_pool}", pool(kernel, stride, pad)))
+                continue
+            n_conv += 1
+            filters, size, stride, pad = spec
+            if filters == "K":
+                conv = factories.classifier(channels, num_classes, size, stride, pad, **options)
+                filters = num_classes
+            else:
+                filters = max(1, round(filters * width))
+                conv = factories.block(channels, filters, size, stride, pad, **options)
+            layers.append((f"conv{n_conv}", conv))
+            channels = filters
+        self.features = nn.Sequential(OrderedDict(layers))
+        self.norm, self.num_classes = norm, num_classes
+
+    def hidden_layers(self) -> list[nn.Module]:
+        """The 9 conv layers in order (the 9th is the classifier); hook their inputs."""
+        return [m for name, m in self.features.named_children() if name.startswith("conv")]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.features(x).flatten(1)

@@ -1,0 +1,74 @@
+"""The command line of SPEC.md §7 and the bad-input behaviour of §9."""
+
+import itertools
+
+import pytest
+
+from normprop_cli import config
+from normprop_cli.experiments import RUNNERS
+
+
+def test_list_names_every_experiment_dataset_and_preset(cli):
+    result = cli("list")
+    assert result.exit_code == 0
+    for group in ("experiment", "dataset", "preset"):
+        for name in config.options(group):
+            assert name in result.output
+
+
+def test_info_reports_versions_device_and_datasets(cli, tmp_path):
+    result = cli("info", "--data-dir", tmp_path)
+    assert result.exit_code == 0
+    for word in ("torch", "device", "digits", "cifar10", "svhn"):
+        assert word in result.output
+
+
+def test_every_experiment_yaml_has_a_runner():
+    assert set(config.options("experiment")) == set(RUNNERS)
+
+
+@pytest.mark.parametrize("experiment,preset,dataset", list(itertools.product(
+    config.options("experiment"), config.options("preset"), config.options("dataset"))))
+def test_every_yaml_composes(experiment, preset, dataset):
+    cfg = config.load(experiment, preset=preset, dataset=dataset)
+    assert cfg.experiment.name == experiment
+    assert cfg.dataset.name == dataset
+    assert cfg.preset.name == preset
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "no-such-experiment"], "unknown experiment"),
+    (["run", "table1", "--preset", "fast"], "unknown preset"),
+    (["run", "table1", "--dataset", "mnist"], "unknown dataset"),
+    (["run", "table1", "train.epochs=[1"], "bad override"),
+    (["run", "table1", "no.such.key=1"], "bad override"),
+    (["run", "table1", "--preset", "smoke", "train.batch_size=0"], "batch_size"),
+    (["run", "table1", "--preset", "smoke", "train.lr=-0.1"], "train.lr"),
+    (["run", "table1", "--preset", "smoke", "--seeds", "0"], "--seeds"),
+    (["run", "table1", "--preset", "smoke", "--device", "tpu"], "device"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, args, needle):
+    result = cli(*args, "--results-dir", cli.results)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+    assert not cli.results.exists()
+
+
+def test_missing_data_dir_names_files_directory_and_download(cli, tmp_path):
+    missing = tmp_path / "nowhere"
+    result = cli("run", "table1", "--preset", "smoke", "--dataset", "cifar10", "--data-dir", missing,
+                 "--results-dir", cli.results)
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and "--download" in line and "nowhere" in line and "data_batch_1" in line
+    assert not cli.results.exists()
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = cli("run", "table1", "--preset", "smoke", "--device", "cuda", "--results-dir", cli.results)
+    assert result.exit_code == 2 and "no CUDA GPU" in result.output

@@ -1,0 +1,106 @@
+"""Runs that never lose work (SPEC.md §8, §9): skip, resume exactly, record divergence."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from normprop_cli.engine import progress as progress_module
+
+SMOKE = ["--preset", "smoke", "--quiet"]
+TIMING = ["train_seconds", "images_per_second", "epoch_seconds"]
+
+
+def load_run(results, experiment, name, dataset="synthetic"):
+    path = results / experiment / dataset / "runs" / name
+    manifest = json.loads((path / "manifest.json").read_text())
+    metrics = pd.read_csv(path / "metrics.csv")
+    checkpoint = path / "checkpoint.pt"
+    weights = torch.load(checkpoint, weights_only=True)["model"] if checkpoint.exists() else None
+    return manifest, metrics, weights
+
+
+def test_table1_smoke_writes_runs_and_summary(cli):
+    result = cli("run", "table1", *SMOKE, "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    summary = pd.read_csv(cli.results / "table1" / "synthetic" / "summary.csv")
+    for column in ("method", "augment", "seed", "status", "final_test_error", "best_val_test_error",
+                   "paper_test_error"):
+        assert column in summary.columns
+    assert sorted(summary["method"].unique()) == ["batchnorm", "normprop"]
+    assert (summary["status"] == "complete").all()
+    assert summary["final_test_error"].between(0, 100).all()
+    manifest, metrics, _ = load_run(cli.results, "table1", "normprop-s0")
+    assert manifest["status"] == "complete" and manifest["epochs_done"] == 2 == len(metrics)
+    for key in ("seed", "versions", "device", "commit", "started", "finished"):
+        assert key in manifest
+    assert (cli.results / "table1" / "synthetic" / "table1.png").exists()
+    # Running it again skips every complete run and leaves the files as they were.
+    before = (cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "checkpoint.pt").stat().st_mtime_ns
+    again = cli("run", "table1", *SMOKE, "--results-dir", cli.results)
+    assert again.exit_code == 0 and again.output.count("skipped") == 4
+    after = (cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "checkpoint.pt").stat().st_mtime_ns
+    assert before == after
+
+
+def test_paper_values_appear_beside_the_reproduction(cli):
+    from normprop_cli import config
+
+    cfg = config.load("table1", preset="paper", dataset="cifar10")
+    assert cfg.experiment.paper_test_error.cifar10.normprop.none == 9.11
+    assert cfg.experiment.paper_test_error.svhn.batchnorm.none == 2.25
+
+
+@pytest.mark.parametrize("norm,augment", [("normprop", "true"), ("batchnorm", "false")])
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, monkeypatch, norm, augment):
+    args = ["run", "table1", *SMOKE, "train.epochs=3", f"grid=[{{id: r, set: {{model.norm: {norm}, "
+            f"train.augment: {augment}}}}}]"]
+    assert cli(*args, "--results-dir", tmp_path / "a").exit_code == 0
+
+    # Interrupt the second run in the middle of its second epoch, as Ctrl-C would.
+    steps = {"n": 0}
+    original = progress_module.QuietProgress.step
+
+    def interrupt(self, n):
+        steps["n"] += 1
+        if steps["n"] == 6:
+            raise KeyboardInterrupt
+        original(self, n)
+
+    monkeypatch.setattr(progress_module.QuietProgress, "step", interrupt)
+    assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 130
+    manifest, metrics, _ = load_run(tmp_path / "b", "table1", "r-s0")
+    assert manifest["status"] == "running" and manifest["epochs_done"] == 1 == len(metrics)
+    monkeypatch.setattr(progress_module.QuietProgress, "step", original)
+    assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 0
+
+    ma, a, wa = load_run(tmp_path / "a", "table1", "r-s0")
+    mb, b, wb = load_run(tmp_path / "b", "table1", "r-s0")
+    assert ma["status"] == mb["status"] == "complete" and mb["resumed_from_epoch"] == 1
+    pd.testing.assert_frame_equal(a.drop(columns=TIMING), b.drop(columns=TIMING), check_exact=True)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_diverging_run_is_recorded_and_the_sweep_goes_on(cli):
+    grid = "grid=[{id: wild, set: {model.norm: none, train.lr: 1.0e+12}}, {id: calm, set: {model.norm: normprop}}]"
+    result = cli("run", "table1", *SMOKE, "train.epochs=3", grid, "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    summary = pd.read_csv(cli.results / "table1" / "synthetic" / "summary.csv").set_index("setting")
+    assert summary.loc["wild", "status"] == "diverged"
+    assert summary.loc["calm", "status"] == "complete"
+    manifest, metrics, _ = load_run(cli.results, "table1", "wild-s0")
+    assert manifest["epochs_done"] == len(metrics) < 3
+    assert metrics.drop(columns=TIMING).map(lambda v: pd.notna(v) and abs(v) < float("inf")).all().all()
+
+
+def test_another_config_in_the_same_run_directory_is_refused(cli):
+    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    # Complete runs are skipped whatever their config; an unfinished one must match.
+    run = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "manifest.json"
+    manifest = json.loads(run.read_text())
+    run.write_text(json.dumps(manifest | {"status": "running"}))
+    result = cli("run", "table1", *SMOKE, "train.epochs=2", "model.width=0.125", "--results-dir", cli.results)
+    assert result.exit_code == 2 and "another config" in result.output

@@ -93,16 +93,40 @@ def run(
     results_dir: ResultsDir = None,
     download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
+    jobs: Annotated[int | None, typer.Option(help="Worker processes: one GPU each when several are "
+                                                  "visible, else a share of the CPU threads.")] = None,
+    launcher: Annotated[str | None, typer.Option(help="none | local | slurm: where the runs go "
+                                                      "(submitit; settings: launcher.KEY=VALUE).")] = None,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
     from normprop_cli.experiments import runner
 
     if seeds is not None and seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if jobs is not None and jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if launcher is not None:
+        config.check_choice("launcher", launcher)
     cfg = compose(experiment, preset, dataset, overrides, seeds=seeds, device=device, data_dir=data_dir,
-                  results_dir=results_dir, download=download or None, quiet=quiet or None)
+                  results_dir=results_dir, download=download or None, quiet=quiet or None,
+                  jobs=jobs, launcher=launcher)
     out = runner(experiment).run(cfg)
     typer.echo(f"wrote {out}")
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+@user_errors
+def status(
+    experiment: Annotated[str, typer.Argument(help="An experiment from `normprop list`.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="The run's overrides, e.g. seeds=3.")] = None,
+    dataset: Dataset = None,
+    preset: Preset = None,
+    results_dir: ResultsDir = None,
+) -> None:
+    """Where a sweep stands: every run of the grid, its state, epochs and where it ran."""
+    from normprop_cli.status import show
+
+    show(compose(experiment, preset, dataset, overrides, results_dir=results_dir))
 
 
 @app.command()

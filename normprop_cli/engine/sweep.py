@@ -1,18 +1,25 @@
-"""Run an experiment's grid: validate, load the data once, train each run, skip what is done."""
+"""Run an experiment's grid: validate, load the data once, train each run, skip what is done.
+
+Where the runs train is the config's choice: here one after another (the default), in `jobs`
+worker processes (engine.parallel), or as submitit jobs, `launcher: local | slurm` (engine.launch).
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import device as devices
-from normprop_cli.data import DataError, load_dataset
-from normprop_cli.engine.progress import console, make_progress
+from normprop_cli.data import DataError, available_datasets, load_dataset
+from normprop_cli.engine.progress import QuietProgress, console, make_progress
 from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
-from normprop_cli.engine.trainer import Observer, train_run
+from normprop_cli.engine.trainer import Observer, Progress, train_run
 from normprop_cli.errors import UserError
+
+LAUNCHERS = ("none", "local", "slurm")
 
 
 def validate(spec: RunSpec) -> None:
@@ -50,37 +57,77 @@ def load_data(cfg: DictConfig, device):
     return data.to(device)
 
 
+def check_data(cfg: DictConfig) -> None:
+    """Workers load the data set themselves: fetch it once, or fail on it, before any starts."""
+    if cfg.download or not available_datasets(cfg.data_dir).get(cfg.dataset.name, False):
+        load_data(cfg, torch.device("cpu"))
+
+
+def finished(spec: RunSpec) -> bool:
+    return (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("status") in ("complete", "diverged")
+
+
+def train_one(spec: RunSpec, data, device, progress: Progress, observers: Sequence[Observer]) -> dict:
+    """train_run, with BatchNorm's refusal of a single value per channel as a one-line error."""
+    try:
+        return train_run(spec, data, device, progress, observers)
+    except ValueError as exc:
+        if "value per channel" in str(exc) or "batch size" in str(exc):
+            raise UserError(f"run {spec.name}: {str(exc).splitlines()[0]}") from None
+        raise
+
+
 def run_sweep(cfg: DictConfig, specs: Sequence[RunSpec],
               observers: Callable[[RunSpec], Sequence[Observer]] = lambda spec: ()) -> list[dict]:
-    """Train every run of the grid in order; return their manifests.
+    """Train every run of the grid; return their manifests.
 
     Complete and diverged runs are skipped; unfinished ones resume from their checkpoint.
-    Ctrl-C keeps every finished epoch and says how to resume.
+    Ctrl-C keeps every finished epoch and says how to resume. `jobs` > 1 trains the runs in
+    that many worker processes; `launcher: local` runs them as submitit jobs and waits for them;
+    `launcher: slurm` submits them as a SLURM job array and exits (engine.launch).
     """
+    jobs, launcher = int(cfg.get("jobs") or 1), OmegaConf.select(cfg, "launcher.name", default="none")
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if launcher not in LAUNCHERS:
+        raise UserError(f"unknown launcher '{launcher}'; known: {', '.join(LAUNCHERS)}")
     for spec in specs:
         validate(spec)
-    device = devices.resolve(cfg.device)
+    # The jobs of a SLURM array pick their device on their node; a login node may have no GPU.
+    device = devices.resolve(cfg.device) if launcher != "slurm" else None
+    todo = [s for s in specs if not finished(s)]
+    pending = {s.name for s in todo}
+    if todo and (jobs > 1 or launcher != "none"):
+        from normprop_cli.engine import launch, parallel
+
+        check_data(cfg)
+        progress = QuietProgress(len(specs))  # one line per finished run
+        for spec in specs:
+            if spec.name not in pending:
+                progress.skip(spec, read_manifest(run_dir(spec.cfg, spec.name)))
+        if launcher == "slurm":
+            launch.submit_slurm(cfg, todo, observers)  # exits: the jobs run on the cluster
+        elif launcher == "local":
+            launch.run_local(cfg, todo, observers, progress)
+        else:
+            parallel.run_pool(cfg, todo, observers, progress)
+        return [read_manifest(run_dir(s.cfg, s.name)) for s in specs]
+
     devices.prepare(device)
-    todo = [s for s in specs if (read_manifest(run_dir(s.cfg, s.name)) or {}).get("status")
-            not in ("complete", "diverged")]
     data = load_data(cfg, device) if todo else None
     manifests = []
     with make_progress(len(specs), bool(cfg.quiet)) as progress:
         for spec in specs:
-            if spec not in todo:
+            if spec.name not in pending:
                 manifest = read_manifest(run_dir(spec.cfg, spec.name))
                 progress.skip(spec, manifest)
                 manifests.append(manifest)
                 continue
             try:
-                manifests.append(train_run(spec, data, device, progress, observers(spec)))
+                manifests.append(train_one(spec, data, device, progress, observers(spec)))
             except KeyboardInterrupt:
                 done = (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("epochs_done", 0)
                 console.print(f"interrupted: run {spec.name} kept {done} finished epoch(s); "
                               "run the same command again to resume")
                 sys.exit(130)
-            except ValueError as exc:  # e.g. BatchNorm asked to normalise a single value per channel
-                if "value per channel" in str(exc) or "batch size" in str(exc):
-                    raise UserError(f"run {spec.name}: {str(exc).splitlines()[0]}") from None
-                raise
     return manifests

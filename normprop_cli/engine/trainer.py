@@ -21,8 +21,9 @@ from normprop_cli.data import Dataset, make_data_norm, to_float
 from normprop_cli.device import synchronize
 from normprop_cli.engine.runs import (CHECKPOINT, CONFIG, MANIFEST, METRICS, RunSpec, check_same_config,
                                       commit, now, read_manifest, run_dir, versions)
+from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
 from normprop_cli.errors import UserError
-from normprop_cli.nn import NIN, constrain_unit_norm_
+from normprop_cli.nn import NIN
 
 MODELS = {"nin": NIN}
 METRIC_COLUMNS = ["epoch", "lr", "train_loss", "train_acc", "train_seconds", "images_per_second",
@@ -54,6 +55,7 @@ class Run:
     history: list[dict]
     extra: dict[str, list[dict]]
     epoch: int = 0
+    step: Callable | None = None  # engine.step.make_step; not part of the checkpoint
 
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "data_norm": self.data_norm.state_dict(),
@@ -83,12 +85,8 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
     check_same_config(spec, path)
 
     torch.manual_seed(spec.seed)
-    model = build_model(cfg.model, data).to(device)
-    run = Run(model=model, data_norm=make_data_norm(t.data_norm, data.train.x).to(device),
-              optimizer=torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
-                                        weight_decay=t.weight_decay),
-              history=[], extra={o.name: [] for o in observers})
-    normprop = cfg.model.norm == "normprop"
+    run = make_run(cfg, data, device, observers)
+    model = run.model
     if (path / CHECKPOINT).exists():
         run.load(torch.load(path / CHECKPOINT, map_location=device, weights_only=True))
     else:
@@ -108,7 +106,7 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
     steps = steps_per_epoch(len(data.train), t.batch_size)
     progress.start(spec, int(t.epochs), steps, run.epoch)
     while run.epoch < t.epochs:
-        row = train_epoch(run, data, cfg, device, progress, normprop)
+        row = train_epoch(run, data, cfg, device, progress)
         if not math.isfinite(row["train_loss"]):
             manifest |= {"status": "diverged", "diverged_at_epoch": run.epoch + 1}
             break
@@ -132,18 +130,31 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
     return manifest
 
 
+def make_run(cfg: DictConfig, data: Dataset, device: torch.device,
+             observers: Sequence[Observer] = ()) -> Run:
+    """A fresh run: the model, its data normalisation, SGD (section 4.4) and the training step."""
+    t, options = cfg.train, StepOptions.from_cfg(cfg.train, device)
+    model = build_model(cfg.model, data).to(device)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    data_norm = make_data_norm(t.data_norm, data.train.x).to(device)
+    optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device)
+    step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options)
+    return Run(model=model, data_norm=data_norm, optimizer=optimizer, history=[],
+               extra={o.name: [] for o in observers}, step=step)
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size if batch_size > 1 else n
 
 
-def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, progress: Progress,
-                normprop: bool) -> dict:
+def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device,
+                progress: Progress) -> dict:
     """One pass over the training set; one host synchronisation, at the end."""
     t = cfg.train
     t0 = time.perf_counter()
     lr = t.lr * 0.5 ** (run.epoch // t.lr_halve_every)  # halved every N epochs (section 4.4)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(run.optimizer, lr)
     # The epoch's shuffle and flips come from (seed, epoch) alone, so a resumed run repeats them.
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + run.epoch)
     n, bs = len(data.train), int(t.batch_size)
@@ -159,22 +170,16 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
         x = data.train.x[idx]
         if flips is not None:
             x = torch.where(flips[step * bs:(step + 1) * bs, None, None, None], x.flip(-1), x)
-        y = data.train.y[idx]
-        logits = run.model(run.data_norm(to_float(x)))
-        loss = F.cross_entropy(logits, y)
-        run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.optimizer.step()
-        if normprop:
-            constrain_unit_norm_(run.model)  # section 4.4
-        loss_sum += loss.detach() * len(idx)
-        correct += (logits.detach().argmax(1) == y).sum()
+        loss, right = run.step(x, data.train.y[idx])
+        loss_sum += loss * len(idx)
+        correct += right
         progress.step(1)
     synchronize(device)
     seen = steps * bs if bs > 1 else n
     train_seconds = time.perf_counter() - t0
-    return {"epoch": run.epoch + 1, "lr": lr, "train_loss": loss_sum.item() / seen,
-            "train_acc": 100.0 * correct.item() / seen, "train_seconds": train_seconds,
+    loss_total, right_total = torch.stack([loss_sum.double(), correct.double()]).tolist()
+    return {"epoch": run.epoch + 1, "lr": lr, "train_loss": loss_total / seen,
+            "train_acc": 100.0 * right_total / seen, "train_seconds": train_seconds,
             "images_per_second": seen / train_seconds, "_t0": t0}
 
 
@@ -191,23 +196,26 @@ def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") 
     return batches
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(run: Run, data: Dataset, cfg: DictConfig) -> dict:
-    """Loss and accuracy (%) on the validation and test sets (section 4.5)."""
+    """Loss and accuracy (%) on the validation and test sets (section 4.5); one host sync."""
     run.model.eval()
-    out = {}
+    run.data_norm.eval()
+    logits_of = run.step.logits if run.step is not None else lambda x: run.model(run.data_norm(x))
+    sums, sizes, bs = [], [], int(cfg.train.eval_batch_size)
     for split in ("val", "test"):
-        loss_sum = torch.zeros((), device=data.test.x.device)
-        correct = torch.zeros((), device=data.test.x.device, dtype=torch.long)
-        n = 0
-        for x, y in eval_batches(run, data, cfg, split)():
-            logits = run.model(x)
+        part = getattr(data, split)
+        loss_sum = torch.zeros((), device=part.x.device)
+        correct = torch.zeros((), device=part.x.device, dtype=torch.long)
+        for i in range(0, len(part), bs):
+            logits, y = logits_of(part.x[i:i + bs]), part.y[i:i + bs]
             loss_sum += F.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
-            n += len(y)
-        out[f"{split}_loss"] = loss_sum.item() / max(n, 1)
-        out[f"{split}_acc"] = 100.0 * correct.item() / max(n, 1)
-    return out
+        sums += [loss_sum.double(), correct.double()]
+        sizes.append(max(len(part), 1))
+    (vl, vc, tl, tc), (nv, nt) = torch.stack(sums).tolist(), sizes
+    return {"val_loss": vl / nv, "val_acc": 100.0 * vc / nv,
+            "test_loss": tl / nt, "test_acc": 100.0 * tc / nt}
 
 
 def _write_tables(path: Path, run: Run) -> None:

@@ -9,6 +9,9 @@ factor (section 3.4). `jacobian` chooses where f goes: "divide" (ICML text, the 
 Every activation uses this form; eq. 12 as printed also divides beta_i by ||W_i|| and drops f.
 """
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,6 +19,16 @@ from torch import Tensor, nn
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
+
+
+class Folded(NamedTuple):
+    """One layer's eq. 11 folded (NormPropLayer docstring), per filter i."""
+
+    scale: Tensor  # s_i = gamma_i / (f c1 ||W_i||), multiplies W_i * x
+    bias: Tensor  # (beta_i - c2) / c1
+    dscale: Tensor  # ds_i / dgamma_i = 1 / (f c1 ||W_i||)
+    radial: Tensor  # s_i / ||W_i||^2: the gradient through ||W_i|| is -radial_i <dL/dW_i, W_i> W_i
+    inv_c1: Tensor  # db_i / dbeta_i = 1 / c1
 
 
 class NormPropLayer(nn.Module):
@@ -29,6 +42,12 @@ class NormPropLayer(nn.Module):
     the cost of conv + ReLU. PReLU is positively homogeneous too: prelu(z) / c1 =
     prelu((W s) * x + beta / c1), then one subtraction of c2 / c1. Any other activation:
     act((W gamma / (f ||W||)) * x + beta), then the affine (two elementwise passes).
+
+    ReLU and the classifier (the NIN case) run as one autograd function, `_FoldedOp`, whose
+    backward is written out: the clamp is in place, and the per-filter work is a handful of
+    operations however many layers `fold` serves at once (at batch size 1 the cost of a step is
+    the number of operations, not their size). Other activations, autocast and torch.compile
+    take the plain autograd form of `forward`, which the compiler fuses.
     """
 
     def __init__(
@@ -49,6 +68,8 @@ class NormPropLayer(nn.Module):
             self._init_factor = float(self._fixed_stats.jacobian_factor)
         self.gamma = nn.Parameter(torch.empty(out_features))
         self.beta = nn.Parameter(torch.empty(out_features))
+        self.folded_path = self.activation in ("relu", "identity")
+        self._consts: dict = {}
 
     def reset_parameters(self) -> None:
         """Section 4.2: Glorot (normalized) weights, beta = 0; gamma = 1, or 1/f for "init"."""
@@ -76,7 +97,40 @@ class NormPropLayer(nn.Module):
         """||W_i||_2 (linear) or ||W_i||_F (conv), one per output unit."""
         return torch.linalg.vector_norm(self.weight.flatten(1), dim=1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def folded_constants(self, like: Tensor) -> Tensor:
+        """Rows 1/(f c1), 1/c1, -c2/c1 per filter (eq. 11 folded), in the dtype of `like`."""
+        key = (like.dtype, like.device)
+        if key not in self._consts:
+            st, f, n = self._fixed_stats, self.divisor(), self.gamma.numel()
+            c = [1.0 / (f * st.std), 1.0 / st.std, -st.mean / st.std]
+            c = torch.tensor(c, dtype=like.dtype, device=like.device)
+            self._consts[key] = c[:, None].repeat(1, n)
+        return self._consts[key]
+
+    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
+        """dL/dx (or None), dL/dweight, dL/dbias (or None) of `_op` given g = dL/d output."""
+        raise NotImplementedError
+
+    def _out_numel(self, x: Tensor) -> int:
+        raise NotImplementedError
+
+    def scales_output(self, x: Tensor) -> bool:
+        """Whether `_FoldedOp` scales the output (if smaller than the weights), not the weights."""
+        return self._out_numel(x) < self.weight.numel()
+
+    def _folded_ok(self, x: Tensor) -> bool:
+        return (
+            self.folded_path
+            and x.ndim == self.weight.ndim
+            and not torch.is_autocast_enabled(x.device.type)
+            and not torch.compiler.is_compiling()
+        )
+
+    def forward(self, x: Tensor, folded: Folded | None = None) -> Tensor:
+        """Eq. 11; `folded` is this layer's share of `fold(layers)`, computed here when None."""
+        if self._folded_ok(x):
+            f = folded if folded is not None else fold([self])[0]
+            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *f, self)
         st = self.stats()
         c2, c1, f = st.mean, st.std, self.divisor()
         norm = self.filter_norms()
@@ -124,6 +178,18 @@ class NormPropConv2d(NormPropLayer):
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.conv2d(x, weight, bias, self.stride, self.padding)
 
+    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
+        s, p = (self.stride,) * 2, (self.padding,) * 2
+        bias = [self.out_channels] if need_bias else None
+        return torch.ops.aten.convolution_backward(
+            g, x, weight, bias, s, p, (1, 1), False, (0, 0), 1, (need_x, True, need_bias)
+        )
+
+    def _out_numel(self, x: Tensor) -> int:
+        (kh, kw), p, s = self.kernel_size, self.padding, self.stride
+        h, w = (x.shape[-2] + 2 * p - kh) // s + 1, (x.shape[-1] + 2 * p - kw) // s + 1
+        return x.shape[0] * self.out_channels * h * w
+
     def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -150,8 +216,87 @@ class NormPropLinear(NormPropLayer):
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.linear(x, weight, bias)
 
+    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
+        return (g @ weight if need_x else None), g.t() @ x, (g.sum(0) if need_bias else None)
+
+    def _out_numel(self, x: Tensor) -> int:
+        return x.shape[0] * self.out_features
+
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {super().extra_repr()}"
+
+
+@torch.no_grad()
+def fold(layers: Sequence[NormPropLayer]) -> list[Folded]:
+    """`Folded` of each layer (ReLU or classifier), in a few operations for all layers together."""
+    norms = torch.cat([torch.linalg.vector_norm(m.weight, dim=_rows(m.weight)) for m in layers])
+    consts = torch.cat([m.folded_constants(norms) for m in layers], dim=1)
+    dscale = consts[0] / norms
+    scale = torch.cat([m.gamma for m in layers]) * dscale
+    bias = torch.addcmul(consts[2], torch.cat([m.beta for m in layers]), consts[1])
+    radial = scale / (norms * norms)
+    sizes = [m.gamma.numel() for m in layers]
+    parts = (t.split(sizes) for t in (scale, bias, dscale, radial, consts[1]))
+    return [Folded(*p) for p in zip(*parts, strict=True)]
+
+
+def _rows(w: Tensor) -> tuple[int, ...]:
+    return tuple(range(1, w.ndim))
+
+
+class _FoldedOp(torch.autograd.Function):
+    """out_i = max(s_i (W_i * x) + b_i, -c2/c1) (eq. 11 folded; no max for the classifier).
+
+    The scale goes on the weights (W s) or, when the output is smaller than the weights (batch
+    size 1, late layers), on the output. Backward, with G = dL/dW at fixed s and
+    ds_i = dL/ds_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
+    dL/dbeta_i = dL/db_i / c1.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, gamma, beta, scale, bias, dscale, radial, inv_c1, layer):
+        on_output = layer.scales_output(x)
+        if on_output:
+            u = layer._op(x, weight, None)
+            out = torch.addcmul(_channels(bias, u), u, _channels(scale, u))
+        else:
+            u = weight * _filters(scale, weight)
+            out = layer._op(x, u, bias)
+        floor = -layer._fixed_stats.mean / layer._fixed_stats.std  # -c2/c1 (ReLU only)
+        if layer.activation == "relu":
+            out.clamp_min_(floor)
+        ctx.save_for_backward(x, weight, scale, dscale, radial, inv_c1, u, out)
+        ctx.layer, ctx.on_output, ctx.floor = layer, on_output, floor
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, weight, scale, dscale, radial, inv_c1, u, out = ctx.saved_tensors
+        layer = ctx.layer
+        if layer.activation == "relu":
+            g = torch.ops.aten.threshold_backward(g, out, ctx.floor)
+        need_x = ctx.needs_input_grad[0]
+        if ctx.on_output:  # u = W * x
+            dims = (0, *range(2, g.ndim))
+            db, ds = g.sum(dims), (g * u).sum(dims)
+            gx, gw, _ = layer._op_backward(g * _channels(scale, g), x, weight, need_x, False)
+        else:  # u = W s
+            gx, gw, db = layer._op_backward(g, x, u, need_x, True)
+            ds = (gw * weight).sum(_rows(weight))
+            gw.mul_(_filters(scale, weight))
+        gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
+        return gx, gw, dscale * ds, db * inv_c1, None, None, None, None, None, None
+
+
+def _filters(v: Tensor, weight: Tensor) -> Tensor:
+    """A per-filter vector [O] shaped to broadcast over a weight [O, ...]."""
+    return v.view(-1, *(1,) * (weight.ndim - 1))
+
+
+def _channels(v: Tensor, y: Tensor) -> Tensor:
+    """A per-filter vector [O] shaped to broadcast over an output [N, O, ...]."""
+    return v.view(-1, *(1,) * (y.ndim - 2))
 
 
 def reference_forward(layer: NormPropLayer, x: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from .layers import NormPropConv2d
+from .layers import NormPropConv2d, NormPropLayer, fold
 from .stats import ACTIVATIONS
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
@@ -137,10 +137,16 @@ class NIN(nn.Module):
             channels = filters
         self.features = nn.Sequential(OrderedDict(layers))
         self.norm, self.num_classes = norm, num_classes
+        self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]
 
     def hidden_layers(self) -> list[nn.Module]:
         """The 9 conv layers in order (the 9th is the classifier); hook their inputs."""
         return [m for name, m in self.features.named_children() if name.startswith("conv")]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.features(x).flatten(1)
+        if not (self._folded and self._folded[0]._folded_ok(x)):
+            return self.features(x).flatten(1)
+        shares = dict(zip(self._folded, fold(self._folded), strict=True))  # eq. 11, all at once
+        for layer in self.features:
+            x = layer(x, shares[layer]) if layer in shares else layer(x)
+        return x.flatten(1)

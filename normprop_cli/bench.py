@@ -1,0 +1,266 @@
+"""`normprop bench`: the NIN training step with each normalisation, timed (paper section 5.6).
+
+    normprop bench        (or make bench) -> results/bench/bench.csv, results/bench/epochs.csv
+
+Steps. For each width and batch size the three methods are built side by side and stepped in
+turn, the order rotating every round, so that whatever else slows the machine hits all three
+alike. A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for
+NormProp, the unit-norm constraint, on a batch of digits already normalised and on the device.
+The figure is the median of the timed steps after the warm-up ones; `steps=None` times as many
+as fit in `budget_s` seconds per configuration (at least 5).
+
+Epochs. Whole epochs through the trainer's own `train_epoch` and `evaluate` on the digits data
+set with the quick preset's shapes (width 0.25, batch 50, batch data normalisation), the methods
+again in turn, after one warm-up epoch each. The step calls inside are timed, so the share of an
+epoch outside the steps (data, evaluation, bookkeeping) is measured, not estimated.
+
+No normalisation trains at lr 0.0001, as in section 5.2 (larger rates diverge); the learning
+rate does not change the work of a step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from normprop_cli import device as devices
+from normprop_cli import io
+from normprop_cli.engine.step import Step, StepOptions, make_optimizer
+
+METHODS = ("none", "batchnorm", "normprop")
+COLUMNS = ["method", "batch_size", "width", "device", "threads", "steps", "step_ms_median",
+           "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm", "flush_denormal",
+           "load_average", "finite"]  # fmt: skip
+EPOCH_COLUMNS = ["method", "width", "batch_size", "device", "epochs", "epoch_s", "train_s",
+                 "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
+
+
+def run_bench(
+    batch_sizes: Sequence[int] = (1, 50, 100),
+    widths: Sequence[float] = (1.0, 0.25),
+    steps: int | None = None,
+    warmup: int = 2,
+    device: str = "auto",
+    results_dir: str | Path = "results",
+    epochs: int = 2,
+    budget_s: float = 20.0,
+    threads: int | None = None,
+    options: StepOptions = StepOptions(),
+    preset: str = "quick",
+    quiet: bool = False,
+) -> pd.DataFrame:
+    """Time steps and epochs; write results/bench/{bench,epochs}.csv; return the step table.
+
+    The epoch table is also in the returned frame's `attrs["epochs"]`; `epochs=0` skips it.
+    `preset` gives the data set and the epochs' shapes (tests use "smoke").
+    """
+    from normprop_cli import config
+    from normprop_cli.engine.sweep import load_data
+
+    dev = devices.resolve(device)
+    devices.prepare(dev)
+    if threads:
+        torch.set_num_threads(int(threads))
+    cfg = config.load("table1", preset=preset)
+    data = load_data(cfg, dev)
+    rows = []
+    for width in widths:
+        for bs in batch_sizes:
+            times, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, options)
+            rows += _rows(times, finite, width, bs, dev)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    out = Path(results_dir) / "bench"
+    io.write_csv(out / "bench.csv", table)
+    table.attrs["epochs"] = epoch_table(data, cfg, dev, epochs, options) if epochs else None
+    if epochs:
+        io.write_csv(out / "epochs.csv", table.attrs["epochs"])
+    if not quiet:
+        show(table)
+    return table
+
+
+def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
+               methods=METHODS):  # fmt: skip
+    """{method: [ms per step]}, the methods stepped in turn; and whether every loss was finite."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.width = width
+    x, y = _batches(data, cfg, dev, batch_size)
+    runs = {m: _step(cfg, data, dev, m, options) for m in methods}
+    times = {m: [] for m in methods}
+    losses = []
+    order = list(methods)
+    rounds, r = (steps or 5) + warmup, 0
+    while r < rounds:
+        for m in order:
+            i = r % len(x)
+            devices.synchronize(dev)
+            t0 = time.perf_counter()
+            loss, _ = runs[m](x[i], y[i])
+            devices.synchronize(dev)
+            times[m].append(1e3 * (time.perf_counter() - t0))
+            losses.append(loss)
+        order = order[1:] + order[:1]  # rotate: no method is always first after another
+        r += 1
+        if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget
+            per_round = sum(t[-1] for t in times.values()) / 1e3
+            rounds = warmup + min(200, max(5, int(budget_s / max(per_round, 1e-6))))
+    finite = bool(torch.isfinite(torch.stack(losses)).all())
+    return {m: t[warmup:] for m, t in times.items()}, finite
+
+
+def _step(cfg, data, dev, method, options) -> Step:
+    from normprop_cli.engine.trainer import build_model
+
+    cfg = copy.deepcopy(cfg)
+    cfg.model.norm = method
+    torch.manual_seed(0)
+    model = build_model(cfg.model, data).to(dev)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    lr = 1e-4 if method == "none" else cfg.train.lr  # section 5.2: larger rates diverge
+    opt = make_optimizer(model, lr, cfg.train.momentum, cfg.train.weight_decay, dev)
+    return Step(model, torch.nn.Identity(), opt, method == "normprop", options)
+
+
+def _batches(data, cfg, dev, batch_size, count: int = 16):
+    """`count` batches of training digits, normalised (global, section 4.1) and on the device."""
+    from normprop_cli.data import make_data_norm
+
+    norm = make_data_norm("global", data.train.x)
+    gen = torch.Generator().manual_seed(0)
+    idx = [torch.randint(len(data.train), (batch_size,), generator=gen) for _ in range(count)]
+    idx = [i.to(dev) for i in idx]
+    return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
+
+
+def _rows(times, finite, width, bs, dev) -> list[dict]:
+    med = {m: statistics.median(t) for m, t in times.items()}
+    rows = []
+    for m, t in times.items():
+        q = statistics.quantiles(t, n=10) if len(t) > 1 else [t[0]] * 9
+        rows.append({
+            "method": m, "batch_size": bs, "width": width, "device": devices.describe(dev),
+            "threads": torch.get_num_threads(), "steps": len(t), "step_ms_median": med[m],
+            "step_ms_p10": q[0], "step_ms_p90": q[-1],
+            "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
+            "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
+            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite,
+        })  # fmt: skip
+    return rows
+
+
+def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=METHODS) -> pd.DataFrame:
+    """Whole epochs through the trainer (train_epoch + evaluate), the methods in turn."""
+    from normprop_cli.engine.trainer import evaluate, make_run, train_epoch
+
+    runs, clocks = {}, {}
+    for m in methods:
+        c = copy.deepcopy(cfg)
+        c.model.norm = m
+        if m == "none":
+            c.train.lr = 1e-4  # section 5.2
+        torch.manual_seed(0)
+        run = make_run(c, data, dev)
+        clocks[m] = _Clock(run.step, dev)
+        run.step = clocks[m]
+        runs[m] = (run, c)
+    quiet = _Silent()
+    sums = {m: {"epoch_s": 0.0, "train_s": 0.0, "steps_s": 0.0, "eval_s": 0.0} for m in methods}
+    order = list(methods)
+    for e in range(epochs + 1):  # epoch 0 warms up
+        for m in order:
+            run, c = runs[m]
+            clocks[m].seconds = 0.0
+            t0 = time.perf_counter()
+            train_epoch(run, data, c, dev, quiet)
+            t1 = time.perf_counter()
+            evaluate(run, data, c)
+            t2 = time.perf_counter()
+            run.epoch += 1
+            if e:
+                s = sums[m]
+                s["epoch_s"] += t2 - t0
+                s["train_s"] += t1 - t0
+                s["eval_s"] += t2 - t1
+                s["steps_s"] += clocks[m].seconds
+        order = order[1:] + order[:1]
+    rows = []
+    for m, s in sums.items():
+        epoch = s["epoch_s"]
+        rows.append({
+            "method": m, "width": float(cfg.model.width), "batch_size": int(cfg.train.batch_size),
+            "device": devices.describe(dev), "epochs": epochs,
+            **{k: v / epochs for k, v in s.items()},
+            "outside_share": (epoch - s["steps_s"]) / epoch,
+            "data_share": (s["train_s"] - s["steps_s"]) / epoch, "eval_share": s["eval_s"] / epoch,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
+
+
+class _Clock:
+    """Wraps a step and adds up the time spent inside it (with a device sync on CUDA)."""
+
+    def __init__(self, step, dev):
+        self.step, self.dev, self.seconds = step, dev, 0.0
+        self.logits = step.logits
+
+    def __call__(self, x, y):
+        devices.synchronize(self.dev)
+        t0 = time.perf_counter()
+        out = self.step(x, y)
+        devices.synchronize(self.dev)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+class _Silent:
+    def start(self, *a): ...
+    def step(self, n): ...
+    def epoch(self, row): ...
+    def finish(self, manifest): ...
+
+
+def denormals_flushed(dev: torch.device) -> bool:
+    """Whether a float32 product below 1.2e-38 comes out as 0 (flush-to-zero in effect)."""
+    tiny = torch.full((64,), 1e-30, device=dev)
+    return bool(((tiny * 1e-10) == 0).all())
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def show(table: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"NIN training step, ms (median of the timed steps), {table['device'].iloc[0]}")
+    for col in ("width", "batch", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN"):
+        t.add_column(col, justify="right")
+    for r in table.itertuples():
+        t.add_row(f"{r.width:g}", str(r.batch_size), r.method, str(r.steps),
+                  f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
+                  f"{r.ratio_vs_none:.3f}", f"{r.ratio_vs_batchnorm:.3f}")  # fmt: skip
+    console.print(t)
+    epochs = table.attrs.get("epochs")
+    if epochs is not None and len(epochs):
+        e = Table(title="Whole epochs (digits, quick preset): seconds and shares of the epoch")
+        for col in ("method", "epoch s", "steps s", "eval s", "outside", "data+books", "eval"):
+            e.add_column(col, justify="right")
+        for r in epochs.itertuples():
+            e.add_row(r.method, f"{r.epoch_s:.2f}", f"{r.steps_s:.2f}", f"{r.eval_s:.2f}",
+                      f"{100 * r.outside_share:.1f}%", f"{100 * r.data_share:.1f}%",
+                      f"{100 * r.eval_share:.1f}%")  # fmt: skip
+        console.print(e)
+    flushed = bool(table["flush_denormal"].all())
+    console.print(f"flush-to-zero of denormal floats: {'on' if flushed else 'OFF'}; "
+                  f"load average {table['load_average'].iloc[-1]:.2f}; "
+                  f"threads {table['threads'].iloc[0]}")  # fmt: skip

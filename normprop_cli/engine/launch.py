@@ -1,0 +1,201 @@
+"""A grid's runs as submitit jobs, one job per run (engine.parallel.train_in_worker):
+
+- `--launcher local`: submitit's LocalExecutor, `--jobs N` jobs at a time on this machine; waits
+  for them, so that the experiment's runner then writes its summary as usual.
+- `--launcher slurm`: one SLURM job array, settings in conf/launcher/slurm.yaml; returns after
+  submission. Running the same command again submits only the runs that are neither complete,
+  diverged, nor still queued or running, and once all are complete writes the summary.
+
+A job that SLURM stops at its time limit or preempts is requeued by submitit (RunTask is
+Checkpointable) and resumes from the checkpoint of its run's last finished epoch; a job killed
+outright resumes the same way when it is submitted again. submitit's files, and which job each
+run was submitted as, are in <results_dir>/.submitit/.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import submitit
+import torch
+from omegaconf import DictConfig, OmegaConf
+from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+from normprop_cli import io
+from normprop_cli.engine import parallel
+from normprop_cli.engine.progress import QuietProgress
+from normprop_cli.engine.runs import RunSpec
+from normprop_cli.errors import UserError
+
+# sacct states of a job that SLURM may still run
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
+          "SUSPENDED"}
+
+
+class RunTask(submitit.helpers.Checkpointable):
+    """One run as a submitit job. On a time limit or a preemption, Checkpointable's `checkpoint`
+    resubmits this same call: the run's per-epoch checkpoint is all the state there is."""
+
+    def __init__(self, observers: parallel.Observers, threads: int | None = None, device: str | None = None):
+        self.observers, self.threads, self.device = observers, threads, device
+
+    def __call__(self, run: dict) -> tuple[dict, dict | None]:
+        return parallel.train_in_worker(run, self.device, self.threads, self.observers)
+
+
+def folder(cfg: DictConfig) -> Path:
+    return Path(cfg.results_dir) / ".submitit"
+
+
+def record_path(cfg: DictConfig) -> Path:
+    return folder(cfg) / f"{cfg.experiment.name}-{cfg.dataset.name}.json"
+
+
+def submitted(cfg: DictConfig) -> dict[str, str]:
+    """{run: SLURM job id} of the sweep's last submissions."""
+    try:
+        return io.read_json(record_path(cfg))
+    except (OSError, ValueError):
+        return {}
+
+
+def status_command(cfg: DictConfig) -> str:
+    words = ["normprop", "status", cfg.experiment.name,
+             "--dataset", cfg.dataset.name, "--preset", cfg.preset.name]
+    if str(cfg.results_dir) != "results":
+        words += ["--results-dir", str(cfg.results_dir)]
+    words += [f"seeds={cfg.seeds}"] + ([f"seed={cfg.seed}"] if int(cfg.seed) else [])
+    return shlex.join(words)
+
+
+def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers,
+              progress: QuietProgress) -> None:
+    """One LocalExecutor job per run, `jobs` at a time, each on its slot's device; wait for all."""
+    slots = min(int(cfg.jobs), len(todo))
+    executor = submitit.LocalExecutor(folder=folder(cfg))
+    gpus = _visible_gpus()
+    executor.update_parameters(timeout_min=int(cfg.launcher.timeout_min), gpus_per_node=len(gpus),
+                               visible_gpus=gpus)
+    threads, device = parallel.worker_threads(slots), parallel.worker_devices(cfg.device, slots)
+    waiting, running, lost = list(todo), {}, []
+    try:
+        while waiting or running:
+            for k in range(slots):
+                if k not in running and waiting:
+                    spec = waiting.pop(0)
+                    task = RunTask(observers, threads, device[k])
+                    running[k] = spec, executor.submit(task, parallel.plain(spec))
+            for k, (spec, job) in list(running.items()):
+                if job.done():
+                    del running[k]
+                    result = _result(spec, job)
+                    if result:
+                        parallel.report(progress, spec, *result)
+                    else:
+                        lost.append(spec)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _cancel(running)
+        unfinished = [spec for spec, _ in running.values()] + waiting + lost
+        parallel.stop_unfinished(unfinished, "interrupted", 130)
+    except BaseException:
+        _cancel(running)
+        raise
+    if lost:
+        why = f"{len(lost)} job(s) stopped before their run finished (logs in {folder(cfg)})"
+        parallel.stop_unfinished(lost, why, 1)
+
+
+def submit_slurm(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers) -> None:
+    """Submit the runs of `todo` that no SLURM job is working on as one job array; then exit."""
+    record = submitted(cfg)
+    busy = _active({record[s.name] for s in todo if s.name in record}, cfg)
+    submit = [s for s in todo if record.get(s.name) not in busy]
+    if submit:
+        task = RunTask(observers, threads=cfg.launcher.cpus_per_task)
+        try:
+            jobs = _slurm_executor(cfg).map_array(task, [parallel.plain(s) for s in submit])
+        except (FailedJobError, FailedSubmissionError) as exc:
+            raise UserError(f"sbatch refused the job array: {_first_line(str(exc))}") from None
+        record |= {s.name: job.job_id for s, job in zip(submit, jobs, strict=True)}
+        io.write_json(record_path(cfg), record)
+        print(f"submitted {len(submit)} run(s) as SLURM job {jobs[0].job_id.split('_')[0]} "
+              f"(logs in {folder(cfg)})")
+    if len(submit) < len(todo):
+        ids = ", ".join(sorted({j.split("_")[0] for j in busy}))
+        print(f"{len(todo) - len(submit)} run(s) still queued or running in SLURM job(s) {ids}: "
+              "not submitted again")
+    print(f"watch them: {status_command(cfg)}")
+    print("once every run is complete, run this command again: it writes summary.csv and the figures")
+    sys.exit(0)
+
+
+def _slurm_executor(cfg: DictConfig) -> submitit.SlurmExecutor:
+    launcher = cfg.launcher
+    try:
+        executor = submitit.SlurmExecutor(folder=folder(cfg), max_num_timeout=int(launcher.max_requeues))
+    except RuntimeError:  # no srun on PATH
+        raise UserError("--launcher slurm needs SLURM (srun and sbatch on PATH): run it on the cluster's "
+                        "login node, or use --launcher local") from None
+    optional = {"partition": launcher.partition, "account": launcher.account, "qos": launcher.qos,
+                "gpus_per_node": launcher.gpus_per_task or None,  # one task per job
+                "cpus_per_task": launcher.cpus_per_task,
+                "mem": f"{launcher.mem_gb}GB" if launcher.mem_gb else None}
+    try:
+        executor.update_parameters(
+            job_name=f"normprop-{cfg.experiment.name}", time=int(launcher.timeout_min),
+            array_parallelism=int(launcher.array_parallelism), setup=list(launcher.setup),
+            additional_parameters=OmegaConf.to_container(launcher.additional),
+            **{k: v for k, v in optional.items() if v is not None})
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"bad launcher setting ({_first_line(str(exc))}); "
+                        "see conf/launcher/slurm.yaml") from None
+    return executor
+
+
+def _active(job_ids: set[str], cfg: DictConfig) -> set[str]:
+    """The jobs among `job_ids` that SLURM still has queued or running (submitit asks sacct)."""
+    jobs = [submitit.SlurmJob(folder=folder(cfg), job_id=j) for j in sorted(job_ids)]
+    return {j.job_id for j in jobs if j.state.split(" ")[0].upper() in ACTIVE}
+
+
+def _result(spec: RunSpec, job) -> tuple[dict, dict | None] | None:
+    """A finished job's (manifest, last row), or None when it stopped before its run finished
+    (killed, or out of time more than max_num_timeout times); a failure as a one-line error."""
+    if not job.paths.result_pickle.exists():  # killed: no result, not even an error
+        return None
+    try:
+        return job.result()
+    except FailedJobError as exc:
+        parts = str(exc).split("-" * 22 + "\n")  # submitit puts the job's traceback between rulers
+        last = (parts[1] if len(parts) > 2 else str(exc)).strip().splitlines()[-1]
+        user = "normprop_cli.errors.UserError: "
+        if last.startswith(user):
+            raise UserError(last.removeprefix(user)) from None
+        if last.startswith("submitit.core.utils.UncompletedJobError"):
+            return None
+        raise UserError(f"run {spec.name} failed: {last} (its log: {job.paths.stderr})") from None
+
+
+def _cancel(running: dict) -> None:
+    for _, job in running.values():
+        job.cancel(check=False)
+
+
+def _visible_gpus() -> tuple[int, ...]:
+    """The GPUs this process sees, for LocalExecutor, which sets the jobs' CUDA_VISIBLE_DEVICES."""
+    count = torch.cuda.device_count()
+    mask = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if mask and all(g.isdigit() for g in mask):
+        return tuple(int(g) for g in mask[:count])
+    return tuple(range(count))
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "no message"

@@ -1,0 +1,189 @@
+"""The training step of section 4.4, and the ways it can run: eager, compiled, or one CUDA graph.
+
+A step takes a batch as the data set stores it (uint8 images, int64 labels) and leaves the
+weights updated:
+
+    data normalisation (section 4.1) -> model -> cross-entropy -> backward
+    -> SGD (momentum, weight decay) -> NormProp's unit-norm constraint (section 4.4)
+
+and returns the loss and the number of correct predictions as device tensors: no `.item()`,
+so a GPU never waits for the host inside an epoch.
+
+Options (`train:` in conf/config.yaml), all off by default:
+    channels_last  NHWC activations and weights (faster convolutions on recent GPUs)
+    amp            bfloat16 autocast (tensor cores; AMX on recent Xeons); the loss stays float32
+    compile        torch.compile the model (needs a C++ compiler on the CPU)
+    cuda_graph     capture the whole step as one CUDA graph and replay it (CUDA only; for small
+                   batches, where launching kernels costs more than running them)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from normprop_cli.nn import constrain_unit_norm_
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    channels_last: bool = False
+    amp: bool = False
+    compile: bool = False
+    cuda_graph: bool = False
+
+    @classmethod
+    def from_cfg(cls, train_cfg, device: torch.device) -> StepOptions:
+        """The `train:` options that apply on `device` (a CUDA graph: CUDA only, not compiled)."""
+        get = lambda key: bool(train_cfg.get(key, False))  # noqa: E731
+        compile_ = get("compile")
+        graph = get("cuda_graph") and device.type == "cuda" and not compile_
+        return cls(get("channels_last"), get("amp"), compile_, graph)
+
+
+def make_optimizer(
+    model: nn.Module, lr: float, momentum: float, weight_decay: float, device: torch.device
+) -> torch.optim.SGD:
+    """Section 4.4's SGD, one fused kernel per step where torch has one (CPU and CUDA)."""
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=float(lr),
+        momentum=float(momentum),
+        weight_decay=float(weight_decay),
+        fused=device.type in ("cpu", "cuda"),
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], Tensor):
+            group["lr"].fill_(lr)  # in place: a CUDA graph reads this tensor
+        else:
+            group["lr"] = lr
+
+
+class Step:
+    """One SGD step on a batch; `logits` is the same forward for evaluation."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_norm: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        constrain: bool,
+        options: StepOptions = StepOptions(),
+    ):
+        self.model, self.data_norm, self.optimizer = model, data_norm, optimizer
+        self.constrain, self.options = constrain, options
+        self.net = torch.compile(model) if options.compile else model
+        self.device_type = next(model.parameters()).device.type
+
+    def logits(self, x: Tensor) -> Tensor:
+        x = self.data_norm(x)
+        if self.options.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(
+            self.device_type,
+            torch.bfloat16,
+            enabled=self.options.amp,
+            cache_enabled=not self.options.cuda_graph,
+        ):
+            return self.net(x).float()
+
+    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.logits(x)
+        loss = F.cross_entropy(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if self.constrain:
+            constrain_unit_norm_(self.model)  # section 4.4
+        return loss.detach(), (logits.detach().argmax(1) == y).sum()
+
+
+class GraphedStep:
+    """A `Step` captured as one CUDA graph on its first batch, then replayed on every batch.
+
+    Every batch of an epoch has the same shape (the trainer drops the last partial batch), so
+    static input buffers suffice. The warm-up steps that capturing needs run on a side stream
+    and are then undone: the model, data normalisation and optimizer go back to the state they
+    had, so a run with the graph takes exactly the steps of a run without it. Momentum buffers
+    that did not exist yet are zeroed, and SGD from a zero buffer is SGD's first step.
+    """
+
+    def __init__(self, step: Step, warmup: int = 3):
+        self.step, self.warmup, self.graph = step, warmup, None
+        self.logits = step.logits
+
+    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if self.graph is None:
+            self._capture(x, y)
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.graph.replay()
+        return self.out
+
+    def _capture(self, x: Tensor, y: Tensor) -> None:
+        step = self.step
+        for group in step.optimizer.param_groups:  # a device tensor, which `set_lr` fills
+            if not isinstance(group["lr"], Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=x.device)
+        self.x, self.y = x.clone(), y.clone()
+        saved = _snapshot(step)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                step(self.x, self.y)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        step.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
+            self.out = step(self.x, self.y)
+        _restore(step, saved)
+
+
+def _snapshot(step: Step) -> dict:
+    tensors = {
+        **{f"m.{k}": v for k, v in step.model.state_dict().items()},
+        **{f"d.{k}": v for k, v in step.data_norm.state_dict().items()},
+    }
+    momenta = {
+        id(p): s["momentum_buffer"]
+        for p, s in step.optimizer.state.items()
+        if s.get("momentum_buffer") is not None
+    }
+    return {
+        "tensors": {k: v.clone() for k, v in tensors.items()},
+        "momenta": {k: v.clone() for k, v in momenta.items()},
+    }
+
+
+@torch.no_grad()
+def _restore(step: Step, saved: dict) -> None:
+    current = {
+        **{f"m.{k}": v for k, v in step.model.state_dict().items()},
+        **{f"d.{k}": v for k, v in step.data_norm.state_dict().items()},
+    }
+    for k, v in current.items():
+        v.copy_(saved["tensors"][k])
+    for p, s in step.optimizer.state.items():
+        buf = s.get("momentum_buffer")
+        if buf is not None and id(p) in saved["momenta"]:
+            buf.copy_(saved["momenta"][id(p)])
+        elif buf is not None:
+            buf.zero_()
+
+
+def make_step(
+    model: nn.Module,
+    data_norm: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    constrain: bool,
+    options: StepOptions,
+) -> Step | GraphedStep:
+    step = Step(model, data_norm, optimizer, constrain, options)
+    return GraphedStep(step) if options.cuda_graph else step

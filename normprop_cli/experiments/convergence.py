@@ -1,0 +1,92 @@
+"""Fig. 3 (section 5.3): convergence stability of NormProp vs BatchNorm over several seeds.
+
+    normprop run convergence [--preset paper] [--seeds 5]
+
+epochs.csv   every run's metrics, one row per run and epoch
+curves.csv   method, epoch, n, mean, sd, ci_low, ci_high: test accuracy (%) over seeds, 95% interval
+summary.csv  one row per run: engine columns + final_test_acc, best_test_acc
+convergence.png/.pdf  test accuracy vs epoch, caps on the markers showing the 95% interval
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.summary import run_row, write_summary
+from normprop_cli.experiments import curves
+
+KEYS = ["method"]
+
+
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = curves.gather(specs)
+    curves.write(cfg, "epochs", epochs)
+    curves.write(cfg, "curves", curves.curves(epochs, KEYS))
+    rows = []
+    for spec, manifest in zip(specs, manifests, strict=True):
+        row = run_row(spec, manifest)
+        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
+        if len(m):
+            row |= {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()}
+        rows.append(row)
+    out = write_summary(cfg, rows)
+    plot(cfg)
+    return out
+
+
+def plot(cfg: DictConfig) -> list[Path]:
+    """Fig. 3: test accuracy, mean over seeds with 95% caps, per method."""
+    plt = curves.pyplot()
+    curve = curves.read(cfg, "curves")
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    groups = sorted(curve.groupby("method", sort=False), key=lambda g: curves.method_rank(g[0]))
+    for (method, c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
+        curves.plot_curve(
+            ax,
+            c,
+            f"{curves.method_label(method)} (n = {int(c['n'].max())} seeds)",
+            dodge=dodge,
+            color=curves.METHOD_COLORS.get(method),
+        )
+    curves.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
+    return curves.save(fig, cfg, "convergence")
+
+
+def early_half_width(c, fraction: float) -> float:
+    """Mean 95% half-width over the first `fraction` of the epochs (the paper: "specially during
+    initial training")."""
+    c = c.sort_values("epoch")
+    head = c.iloc[: max(1, round(len(c) * fraction))]
+    return float(((head["ci_high"] - head["ci_low"]) / 2).mean())
+
+
+def headlines(cfg: DictConfig) -> list[dict]:
+    """Final accuracy with its 95% interval, and the spread over seeds early and over all epochs."""
+    curve = curves.read(cfg, "curves")
+    paper = cfg.experiment.paper_claim
+    rows = []
+    for method, c in curve.groupby("method", sort=False):
+        last = curves.last_epoch(c, KEYS).iloc[0]
+        rows.append(
+            {
+                "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
+                f"{int(last['epoch'])}, {curves.method_label(method)}",
+                "reproduced": curves.format_ci(last["mean"], last["ci_low"], last["ci_high"]),
+                "paper": "",
+            }
+        )
+    for method, c in curve.groupby("method", sort=False):
+        rows.append(
+            {
+                "quantity": "mean 95% CI half-width of test accuracy (pp), "
+                f"first third of the epochs, {curves.method_label(method)}",
+                "reproduced": round(early_half_width(c, 1 / 3), 2),
+                "paper": paper if method == "normprop" else "",
+            }
+        )
+    return rows

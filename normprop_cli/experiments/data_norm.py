@@ -1,0 +1,121 @@
+"""Fig. 1 (section 5.1): NormProp with global vs batch data normalisation (section 4.1).
+
+    normprop run data-norm [--preset paper]
+
+epochs.csv   every run's metrics, one row per run and epoch
+curves.csv   setting, data_norm, batch_size, initial_lr, epoch, n, mean, sd, ci_low, ci_high
+             (test accuracy %, mean over seeds, 95% t-interval)
+summary.csv  one row per run: engine columns + data_norm, batch_size, initial_lr, best_test_acc,
+             best_test_epoch, final_test_acc
+data_norm.png/.pdf  test accuracy vs epoch, one line per (data normalisation, batch size)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.summary import run_row, write_summary
+from normprop_cli.experiments import curves
+
+KEYS = ["setting", "data_norm", "batch_size", "initial_lr"]
+COLUMNS = {
+    "data_norm": "train.data_norm",
+    "batch_size": "train.batch_size",
+    "initial_lr": "train.lr",
+}
+
+
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = curves.gather(specs, columns=COLUMNS)
+    curves.write(cfg, "epochs", epochs)
+    curves.write(cfg, "curves", curves.curves(epochs, KEYS))
+    rows = []
+    for spec, manifest in zip(specs, manifests, strict=True):
+        t = spec.cfg.train
+        row = run_row(spec, manifest) | {
+            "data_norm": t.data_norm,
+            "batch_size": t.batch_size,
+            "initial_lr": t.lr,
+        }
+        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
+        if len(m):
+            best = m.loc[m["test_acc"].idxmax()]
+            row |= {
+                "best_test_acc": best["test_acc"],
+                "best_test_epoch": int(best["epoch"]),
+                "final_test_acc": m["test_acc"].iloc[-1],
+            }
+        rows.append(row)
+    out = write_summary(cfg, rows)
+    plot(cfg)
+    return out
+
+
+def label(data_norm: str, batch_size: int, lr: float) -> str:
+    return f"{data_norm} data norm, batch {batch_size}, lr {lr:g}"
+
+
+def plot(cfg: DictConfig) -> list[Path]:
+    """Fig. 1: test accuracy (mean over seeds, 95% caps) vs epoch for each setting."""
+    plt = curves.pyplot()
+    curve = curves.read(cfg, "curves")
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    sizes = sorted(curve["batch_size"].unique())
+    groups = list(curve.groupby(KEYS, sort=False))
+    for ((_, data_norm, batch_size, lr), c), dodge in zip(
+        groups, curves.dodges(len(groups)), strict=True
+    ):
+        curves.plot_curve(
+            ax,
+            c,
+            label(data_norm, batch_size, lr),
+            dodge=dodge,
+            color=f"C{sizes.index(batch_size)}",
+            linestyle="-" if data_norm == "batch" else "--",
+            marker="o" if data_norm == "batch" else "s",
+        )
+    paper = cfg.experiment.paper_best_test_acc
+    ax.axhline(
+        paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)"
+    )
+    curves.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
+    return curves.save(fig, cfg, "data_norm")
+
+
+def headlines(cfg: DictConfig) -> list[dict]:
+    """The best test accuracy (max over epochs, mean over seeds) per setting, and the best one."""
+    summary = curves.read(cfg, "summary")
+    if "best_test_acc" not in summary:
+        return []
+    best = (
+        summary.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
+    )
+    paper_setting = tuple(cfg.experiment.paper_best_setting.values())
+    paper_text = f"{cfg.experiment.paper_best_test_acc} ({label(*paper_setting)})"
+    (top_norm, top_bs, top_lr), top = best.index[0], best.iloc[0]
+    rows = [
+        {
+            "quantity": "best test accuracy (%) and its setting",
+            "reproduced": f"{top:.2f} ({label(top_norm, top_bs, top_lr)})",
+            "paper": paper_text,
+        }
+    ]
+    for (data_norm, batch_size, lr), value in best.sort_index().items():
+        paper = (
+            cfg.experiment.paper_best_test_acc
+            if (data_norm, batch_size, lr) == paper_setting
+            else ""
+        )
+        rows.append(
+            {
+                "quantity": f"best test accuracy (%), {label(data_norm, batch_size, lr)}",
+                "reproduced": round(float(value), 2),
+                "paper": paper,
+            }
+        )
+    return rows

@@ -1,0 +1,178 @@
+"""Section 5.6: seconds per training epoch of NormProp vs BatchNorm (and no normalisation).
+
+    normprop run timing [--preset paper]
+
+Each method trains a few epochs; the first is a warm-up (allocator, cuDNN autotuning) and the median
+of the others' `train_seconds` (the training pass alone, no evaluation) is the method's epoch time.
+
+timing.csv   method, device, host, runs, epochs_timed, median_epoch_seconds, images_per_second,
+             ratio_vs_batchnorm, ratio_vs_none, paper_seconds, paper_ratio_vs_batchnorm
+summary.csv  one row per run: engine columns + median_train_seconds, images_per_second
+timing.png/.pdf  seconds per epoch beside the paper's (GTX Titan X), and the ratio to BatchNorm
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.summary import run_row, write_summary
+from normprop_cli.experiments import curves
+
+COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
+           "images_per_second", "ratio_vs_batchnorm", "ratio_vs_none", "paper_seconds",
+           "paper_ratio_vs_batchnorm"]  # fmt: skip
+
+
+def timed(epochs: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """The epochs after the warm-up; all of them when there is nothing after it (e.g. one epoch)."""
+    later = epochs[epochs["epoch"] > warmup]
+    return later if len(later) else epochs
+
+
+def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict) -> pd.DataFrame:
+    """One row per method: the median over its runs' timed epochs, and the methods' ratios."""
+    if not len(epochs):
+        return pd.DataFrame(columns=COLUMNS)
+    rows = []
+    for method, g in epochs.groupby("method", sort=False):
+        t = timed(g, warmup)
+        rows.append(
+            {
+                "method": method,
+                "device": ", ".join(sorted(t["device"].astype(str).unique())),
+                "host": ", ".join(sorted(t["host"].astype(str).unique())),
+                "runs": t["run"].nunique(),
+                "epochs_timed": len(t),
+                "median_epoch_seconds": t["train_seconds"].median(),
+                "images_per_second": t["images_per_second"].median(),
+                "paper_seconds": paper.get(method, math.nan),
+            }
+        )
+    table = pd.DataFrame(rows)
+    seconds = table.set_index("method")["median_epoch_seconds"]
+    for base in ("batchnorm", "none"):
+        table[f"ratio_vs_{base}"] = table["median_epoch_seconds"] / seconds.get(base, math.nan)
+    table["paper_ratio_vs_batchnorm"] = table["paper_seconds"] / paper.get("batchnorm", math.nan)
+    table = table.sort_values("method", key=lambda s: s.map(curves.method_rank))
+    return table[COLUMNS]
+
+
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = curves.gather(specs)
+    if len(epochs):
+        where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
+        epochs["device"] = epochs["run"].map(lambda r: where[r].get("device"))
+        epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
+    curves.write(cfg, "epochs", epochs)
+    warmup = int(cfg.experiment.warmup_epochs)
+    paper = dict(cfg.experiment.paper_seconds)
+    curves.write(cfg, "timing", timing_table(epochs, warmup, paper))
+    rows = []
+    for spec, manifest in zip(specs, manifests, strict=True):
+        row = run_row(spec, manifest) | {
+            "initial_lr": spec.cfg.train.lr,
+            "batch_size": spec.cfg.train.batch_size,
+        }
+        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
+        if len(m):
+            t = timed(m, warmup)
+            row |= {
+                "epochs_timed": len(t),
+                "median_train_seconds": t["train_seconds"].median(),
+                "images_per_second": t["images_per_second"].median(),
+            }
+        rows.append(row)
+    out = write_summary(cfg, rows)
+    plot(cfg)
+    return out
+
+
+def plot(cfg: DictConfig) -> list[Path]:
+    """Seconds per training epoch (reproduced beside the paper's), and each method relative to BN"""
+    plt = curves.pyplot()
+    table = curves.read(cfg, "timing")
+    fig, (ax, rel) = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    x = range(len(table))
+    names = [curves.method_label(m) for m in table["method"]]
+    device = ", ".join(table["device"].astype(str).unique())
+    ax.bar(
+        [i - 0.2 for i in x],
+        table["median_epoch_seconds"],
+        width=0.4,
+        color=[curves.METHOD_COLORS.get(m, "C2") for m in table["method"]],
+        label=f"reproduced ({device})",
+    )
+    ax.bar(
+        [i + 0.2 for i in x],
+        table["paper_seconds"],
+        width=0.4,
+        color="0.8",
+        hatch="//",
+        label="paper (GTX Titan X, CIFAR-10)",
+    )
+    for i, (mine, paper) in enumerate(
+        zip(table["median_epoch_seconds"], table["paper_seconds"], strict=True)
+    ):
+        ax.annotate(f"{mine:.3g}", (i - 0.2, mine), ha="center", va="bottom", fontsize=7)
+        if math.isfinite(paper):
+            ax.annotate(f"{paper:g}", (i + 0.2, paper), ha="center", va="bottom", fontsize=7)
+    finite = table[["median_epoch_seconds", "paper_seconds"]].stack()
+    if len(finite) and finite.max() / finite.min() > 20:
+        ax.set_yscale("log")  # a CPU epoch of digits beside a GPU epoch of CIFAR-10
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("seconds per training epoch (median)")
+    ax.legend(frameon=False, fontsize=7)
+    rel.bar(
+        [i - 0.2 for i in x],
+        table["ratio_vs_batchnorm"],
+        width=0.4,
+        color=[curves.METHOD_COLORS.get(m, "C2") for m in table["method"]],
+        label="reproduced",
+    )
+    rel.bar(
+        [i + 0.2 for i in x],
+        table["paper_ratio_vs_batchnorm"],
+        width=0.4,
+        color="0.8",
+        hatch="//",
+        label="paper (84 / 96 = 0.875)",
+    )
+    rel.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
+    rel.set_xticks(list(x), names)
+    rel.set_ylabel("epoch time / BatchNorm's")
+    rel.legend(frameon=False, fontsize=7)
+    fig.suptitle(curves.title(cfg, "Section 5.6: training speed"), fontsize=10)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.88, wspace=0.3)
+    return curves.save(fig, cfg, "timing")
+
+
+def headlines(cfg: DictConfig) -> list[dict]:
+    """Seconds per epoch of NormProp and BN, and their ratio, beside the paper's 84, 96, 0.875."""
+    table = curves.read(cfg, "timing").set_index("method")
+    rows = []
+    for method, r in table.iterrows():
+        paper = r["paper_seconds"]
+        rows.append(
+            {
+                "quantity": f"seconds per training epoch (median of {int(r['epochs_timed'])}), "
+                f"{curves.method_label(method)}, {r['device']}",
+                "reproduced": round(float(r["median_epoch_seconds"]), 3),
+                "paper": f"{paper:g} (GTX Titan X)" if math.isfinite(paper) else "",
+            }
+        )
+    if "normprop" in table.index and "batchnorm" in table.index:
+        rows.append(
+            {
+                "quantity": "epoch time ratio NormProp / BatchNorm",
+                "reproduced": round(float(table.loc["normprop", "ratio_vs_batchnorm"]), 3),
+                "paper": round(float(table.loc["normprop", "paper_ratio_vs_batchnorm"]), 3),
+            }
+        )
+    return rows

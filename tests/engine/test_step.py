@@ -1,0 +1,156 @@
+"""The training step (section 4.4) in each of its ways to run gives the plain step's numbers."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from normprop_cli.data import make_data_norm, to_float
+from normprop_cli.engine.step import GraphedStep, Step, StepOptions, make_optimizer, set_lr
+from normprop_cli.nn import NIN, constrain_unit_norm_
+
+LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
+
+
+def batches(n=4, batch=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xs = [
+        torch.randint(0, 256, (batch, 3, 32, 32), generator=g, dtype=torch.uint8) for _ in range(n)
+    ]
+    ys = [torch.randint(0, 10, (batch,), generator=g) for _ in range(n)]
+    return xs, ys
+
+
+def setup(norm="normprop", device="cpu", options=StepOptions()):
+    torch.manual_seed(0)
+    model = NIN(10, norm=norm, width=0.1).to(device)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    data_norm = make_data_norm("batch", torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).to(device)
+    opt = make_optimizer(model, LR, MOMENTUM, DECAY, torch.device(device))
+    return model, data_norm, opt
+
+
+def plain_steps(norm, xs, ys):
+    """Section 4.4 written out: the trainer's step before it was optimised (SGD as a loop)."""
+    model, data_norm, _ = setup(norm)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY, foreach=False
+    )
+    losses = []
+    for x, y in zip(xs, ys, strict=True):
+        loss = F.cross_entropy(model(data_norm(to_float(x))), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if norm == "normprop":
+            constrain_unit_norm_(model)
+        losses.append(loss.item())
+    return model, losses
+
+
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm", "none"])
+def test_step_equals_the_plain_step(norm):
+    xs, ys = batches()
+    ref, ref_losses = plain_steps(norm, xs, ys)
+    model, data_norm, opt = setup(norm)
+    step = Step(model, data_norm, opt, constrain=norm == "normprop")
+    for x, y, expected in zip(xs, ys, ref_losses, strict=True):
+        loss, correct = step(x, y)
+        assert loss.requires_grad is False and correct.dtype == torch.long
+        assert loss.item() == pytest.approx(expected, rel=1e-5)
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_normprop_step_keeps_filters_at_unit_norm():
+    xs, ys = batches(n=2)
+    model, data_norm, opt = setup()
+    step = Step(model, data_norm, opt, constrain=True)
+    for x, y in zip(xs, ys, strict=True):
+        step(x, y)
+    for layer in model.hidden_layers():
+        norms = layer.weight.flatten(1).norm(dim=1)
+        torch.testing.assert_close(norms, torch.ones_like(norms))
+
+
+def run_steps(options, norm="normprop"):
+    xs, ys = batches()
+    model, data_norm, opt = setup(norm, options=options)
+    step = Step(model, data_norm, opt, constrain=norm == "normprop", options=options)
+    losses = [step(x, y)[0].item() for x, y in zip(xs, ys, strict=True)]
+    return model, losses
+
+
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
+def test_channels_last_gives_the_same_training(norm):
+    ref, ref_losses = run_steps(StepOptions(), norm)
+    model, losses = run_steps(StepOptions(channels_last=True), norm)
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_autocast_trains_close_to_float32():
+    _, ref_losses = run_steps(StepOptions())
+    model, losses = run_steps(StepOptions(amp=True))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert losses == pytest.approx(ref_losses, rel=5e-2, abs=5e-2)
+
+
+def test_options_from_config():
+    t = OmegaConf.create(
+        {"channels_last": True, "amp": False, "compile": False, "cuda_graph": True}
+    )
+    assert StepOptions.from_cfg(t, torch.device("cpu")) == StepOptions(channels_last=True)
+    assert StepOptions.from_cfg(OmegaConf.create({}), torch.device("cpu")) == StepOptions()
+
+
+def test_set_lr_fills_a_tensor_in_place_and_sets_a_float():
+    model, _, opt = setup()
+    set_lr(opt, 0.01)
+    assert opt.param_groups[0]["lr"] == 0.01
+    lr = torch.tensor(0.05)
+    opt.param_groups[0]["lr"] = lr
+    set_lr(opt, 0.025)
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(0.025)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("NORMPROP_TEST_COMPILE"),
+    reason="torch.compile on the CPU needs a C++ compiler and minutes; set NORMPROP_TEST_COMPILE=1",
+)
+def test_compiled_step_gives_the_eager_numbers():
+    ref, ref_losses = run_steps(StepOptions())
+    model, losses = run_steps(StepOptions(compile=True))
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
+def test_cuda_graph_replays_the_eager_steps_exactly(norm):
+    """Capture warms up and is undone; the lr set between replays reaches the graph."""
+    xs, ys = batches(n=6)
+    out = {}
+    for graph in (False, True):
+        model, data_norm, opt = setup(norm, "cuda")
+        step = Step(
+            model,
+            data_norm,
+            opt,
+            constrain=norm == "normprop",
+            options=StepOptions(cuda_graph=graph),
+        )
+        step = GraphedStep(step) if graph else step
+        losses = []
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            set_lr(opt, LR if i < 3 else LR / 2)
+            losses.append(step(x.cuda(), y.cuda())[0].item())
+        out[graph] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
+    assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
+    for k, v in out[False][1].items():
+        torch.testing.assert_close(out[True][1][k], v, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,58 @@
+"""Fig. 3 (section 5.3): NormProp vs BN over seeds, the mean and its 95% interval per epoch."""
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from normprop_cli import config
+from normprop_cli.cli import app
+from normprop_cli.experiments import convergence, curves
+
+SMOKE = ["--preset", "smoke", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    results = tmp_path_factory.mktemp("convergence") / "results"
+    args = ["run", "convergence", *SMOKE, "--seeds", "2", "--results-dir", str(results)]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return results
+
+
+def test_curves_hold_mean_and_interval_over_the_seeds(results):
+    sweep = results / "convergence" / "synthetic"
+    c = pd.read_csv(sweep / "curves.csv")
+    assert list(c.columns) == ["method", "epoch", "n", "mean", "sd", "ci_low", "ci_high"]
+    assert sorted(c["method"].unique()) == ["batchnorm", "normprop"]
+    assert (c["n"] == 2).all() and list(c["epoch"].unique()) == [1, 2]
+    epochs = pd.read_csv(sweep / "epochs.csv")
+    for _, row in c.iterrows():
+        values = epochs[(epochs["method"] == row["method"]) & (epochs["epoch"] == row["epoch"])][
+            "test_acc"
+        ]
+        expected = curves.mean_ci(values)
+        assert row["mean"] == pytest.approx(expected["mean"])
+        assert row["ci_low"] == pytest.approx(expected["ci_low"])
+        assert row["ci_low"] <= row["mean"] <= row["ci_high"]
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert len(summary) == 4 and {"final_test_acc", "best_test_acc", "seed"} <= set(summary.columns)
+    assert (sweep / "convergence.png").exists() and (sweep / "convergence.pdf").exists()
+
+
+def test_plot_redraws_from_the_csvs_alone(cli, results):
+    sweep = results / "convergence" / "synthetic"
+    for path in [*sweep.glob("convergence.*"), *sweep.glob("runs/*/checkpoint.pt")]:
+        path.unlink()
+    result = cli("plot", "convergence", "--preset", "smoke", "--results-dir", results)
+    assert result.exit_code == 0, result.output
+    assert (sweep / "convergence.png").exists() and (sweep / "convergence.pdf").exists()
+
+
+def test_headlines_give_final_accuracy_with_interval_per_method(results):
+    rows = convergence.headlines(
+        config.load("convergence", preset="smoke", results_dir=str(results))
+    )
+    assert {"quantity", "reproduced", "paper"} <= set(rows[0])
+    finals = [r for r in rows if r["quantity"].startswith("final test accuracy")]
+    assert len(finals) == 2 and all("[" in r["reproduced"] for r in finals)

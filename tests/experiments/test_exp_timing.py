@@ -1,0 +1,80 @@
+"""Section 5.6: seconds per training epoch after a warm-up epoch, and the ratios between methods.
+No assertion on the times themselves: only on how they are read and related."""
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from normprop_cli import config
+from normprop_cli.cli import app
+from normprop_cli.experiments import timing
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    results = tmp_path_factory.mktemp("timing") / "results"
+    args = [
+        "run",
+        "timing",
+        "--preset",
+        "smoke",
+        "--quiet",
+        "train.epochs=3",
+        "--results-dir",
+        str(results),
+    ]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return results
+
+
+def test_timing_is_the_median_after_the_warm_up_with_ratios(results):
+    sweep = results / "timing" / "synthetic"
+    table = pd.read_csv(sweep / "timing.csv").set_index("method")
+    assert {
+        "device",
+        "epochs_timed",
+        "median_epoch_seconds",
+        "images_per_second",
+        "ratio_vs_batchnorm",
+        "ratio_vs_none",
+        "paper_seconds",
+    } <= set(table.columns)
+    assert list(table.index) == ["normprop", "batchnorm", "none"]
+    assert (table["device"] == "cpu").all() and (table["epochs_timed"] == 2).all()
+    epochs = pd.read_csv(sweep / "epochs.csv")
+    for method, row in table.iterrows():
+        later = epochs[(epochs["method"] == method) & (epochs["epoch"] >= 2)]
+        assert row["median_epoch_seconds"] == pytest.approx(later["train_seconds"].median())
+    assert table.loc["batchnorm", "ratio_vs_batchnorm"] == pytest.approx(1.0)
+    assert table.loc["none", "ratio_vs_none"] == pytest.approx(1.0)
+    assert table.loc["normprop", "ratio_vs_batchnorm"] == pytest.approx(
+        table.loc["normprop", "median_epoch_seconds"]
+        / table.loc["batchnorm", "median_epoch_seconds"]
+    )
+    assert (
+        table.loc["normprop", "paper_seconds"] == 84
+        and table.loc["batchnorm", "paper_seconds"] == 96
+    )
+    assert (sweep / "timing.png").exists() and (sweep / "timing.pdf").exists()
+
+
+def test_one_epoch_is_timed_when_there_is_no_other():
+    epochs = pd.DataFrame({"epoch": [1], "train_seconds": [2.0]})
+    assert len(timing.timed(epochs, warmup=1)) == 1
+
+
+def test_plot_redraws_from_the_csvs_alone(cli, results):
+    sweep = results / "timing" / "synthetic"
+    for path in [*sweep.glob("timing.p*"), *sweep.glob("runs/*/checkpoint.pt")]:
+        path.unlink()
+    result = cli("plot", "timing", "--preset", "smoke", "--results-dir", results)
+    assert result.exit_code == 0, result.output
+    assert (sweep / "timing.png").exists() and (sweep / "timing.pdf").exists()
+
+
+def test_headlines_put_the_ratio_beside_the_papers(results):
+    rows = timing.headlines(config.load("timing", preset="smoke", results_dir=str(results)))
+    ratio = [r for r in rows if r["quantity"] == "epoch time ratio NormProp / BatchNorm"]
+    assert len(ratio) == 1 and ratio[0]["paper"] == pytest.approx(0.875)
+    assert any(r["paper"] == "84 (GTX Titan X)" for r in rows)

@@ -1,0 +1,158 @@
+"""The fast path of NormProp layers (one autograd function, eq. 11 folded, `fold` over many layers)
+computes the reference eq. 11 (`reference_forward`), forward and gradients, to float tolerance."""
+
+import pytest
+import torch
+from torch import nn
+
+from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear, reference_forward
+from normprop_cli.nn.layers import fold
+
+
+def randomised(layer, seed=0):
+    """Filters of unequal norms, gamma away from 1, beta away from 0: every term of eq. 11 shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layer.weight.mul_(
+            torch.rand(layer.weight.shape[0], generator=g)
+            .add(0.5)
+            .view(-1, *[1] * (layer.weight.ndim - 1))
+            * 3
+        )
+        layer.gamma.copy_(torch.rand(layer.gamma.shape, generator=g) + 0.5)
+        layer.beta.copy_(torch.randn(layer.beta.shape, generator=g) * 0.5)
+    return layer
+
+
+def grads(fn, x, layer):
+    x = x.detach().clone().requires_grad_()
+    out = fn(x)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    params = [layer.weight, layer.gamma, layer.beta]
+    return out, torch.autograd.grad(out, [x, *params], g)
+
+
+def assert_matches_reference(layer, x, rtol, atol):
+    fast_out, fast_grads = grads(layer, x, layer)
+    ref_out, ref_grads = grads(lambda t: reference_forward(layer, t), x, layer)
+    torch.testing.assert_close(fast_out, ref_out, rtol=rtol, atol=atol)
+    for name, a, b in zip(("x", "weight", "gamma", "beta"), fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@pytest.mark.parametrize("on_output", [False, True])
+@pytest.mark.parametrize("activation", ["relu", None])
+@pytest.mark.parametrize("jacobian", ["divide", "init", "off"])
+@pytest.mark.parametrize("conv", [(3, 1, 1), (5, 2, 2), (1, 1, 0)])
+def test_conv_fast_path_equals_eq_11_in_float64(on_output, activation, jacobian, conv, monkeypatch):
+    k, stride, pad = conv
+    layer = randomised(
+        NormPropConv2d(4, 6, k, stride, pad, activation=activation, jacobian=jacobian)
+    ).double()
+    monkeypatch.setattr(layer, "scales_output", lambda x: on_output)
+    x = torch.randn(3, 4, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert layer._folded_ok(x)
+    assert_matches_reference(layer, x, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("on_output", [False, True])
+@pytest.mark.parametrize("activation", ["relu", None])
+def test_linear_fast_path_equals_eq_9(on_output, activation, monkeypatch):
+    layer = randomised(NormPropLinear(7, 5, activation=activation)).double()
+    monkeypatch.setattr(layer, "scales_output", lambda x: on_output)
+    x = torch.randn(4, 7, dtype=torch.float64)
+    assert_matches_reference(layer, x, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 9])
+def test_float32_fast_path_is_eq_11_to_float_tolerance(batch):
+    """Sides chosen by size: batch 1 scales the output of this layer, batch 9 the weights."""
+    layer = randomised(NormPropConv2d(16, 32, 5, 1, 0))
+    x = torch.randn(batch, 16, 8, 8)
+    assert layer.scales_output(x) == (batch * 32 * 16 < layer.weight.numel())
+    assert_matches_reference(layer, x, rtol=1e-4, atol=1e-5)
+
+
+def test_channels_last_input_gives_the_same_numbers():
+    layer = randomised(NormPropConv2d(8, 12, 3, 1, 1))
+    x = torch.randn(4, 8, 9, 9)
+    plain_out, plain_grads = grads(layer, x, layer)
+    layer = layer.to(memory_format=torch.channels_last)
+    cl_out, cl_grads = grads(layer, x.contiguous(memory_format=torch.channels_last), layer)
+    torch.testing.assert_close(cl_out, plain_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(cl_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def reference_nin(model, x):
+    """The NIN with every NormProp layer computed by `reference_forward`, one layer at a time."""
+    for layer in model.features:
+        x = reference_forward(layer, x) if isinstance(layer, NormPropLayer) else layer(x)
+    return x.flatten(1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_nin_folds_all_layers_at_once_and_equals_eq_11(batch):
+    torch.manual_seed(0)
+    model = NIN(10, norm="normprop", width=0.1).double()
+    for layer in model.hidden_layers():
+        randomised(layer)
+    x = torch.randn(batch, 3, 32, 32, dtype=torch.float64)
+    params = list(model.parameters())
+    fast = model(x)
+    fast_grads = torch.autograd.grad(fast.square().sum(), params)
+    ref = reference_nin(model, x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), params)
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_fold_of_many_layers_equals_fold_of_each():
+    layers = [
+        randomised(NormPropConv2d(3, 5, 3)),
+        randomised(NormPropConv2d(5, 4, 1, activation=None), 1),
+    ]
+    together = fold(layers)
+    for layer, share in zip(layers, together, strict=True):
+        alone = fold([layer])[0]
+        for a, b in zip(share, alone, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_inference_mode_and_eval_give_the_training_forward():
+    model = NIN(10, norm="normprop", width=0.1)
+    x = torch.randn(2, 3, 32, 32)
+    train = model.train()(x)
+    with torch.inference_mode():
+        infer = model.eval()(x)
+    torch.testing.assert_close(infer, train.detach(), rtol=0, atol=0)
+
+
+def test_autocast_and_other_activations_take_the_autograd_path():
+    layer = randomised(NormPropConv2d(4, 6, 3, padding=1))
+    x = torch.randn(2, 4, 6, 6)
+    with torch.autocast("cpu", torch.bfloat16):
+        assert not layer._folded_ok(x)
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference_forward(layer, x), rtol=5e-2, atol=5e-2)
+    assert not NormPropConv2d(4, 6, 3, activation="tanh")._folded_ok(x)
+
+
+def test_the_first_layer_gets_no_input_gradient_work():
+    """The input of the first layer needs no gradient; the backward then returns none for it."""
+    layer = NormPropConv2d(3, 4, 3)
+    x = torch.randn(2, 3, 5, 5)
+    layer(x).sum().backward()
+    assert x.grad is None and layer.weight.grad is not None
+
+
+def test_gradients_accumulate_like_any_module():
+    layer = randomised(NormPropConv2d(3, 4, 3))
+    x = torch.randn(2, 3, 5, 5)
+    layer(x).sum().backward()
+    once = layer.weight.grad.clone()
+    layer(x).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, 2 * once)
+    assert isinstance(layer, nn.Module)

@@ -17,8 +17,9 @@ def metrics(spec: RunSpec) -> pd.DataFrame:
     return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
 
 
-def run_row(spec: RunSpec, manifest: dict) -> dict:
+def run_row(spec: RunSpec, manifest: dict | None) -> dict:
     """The columns every experiment's summary shares; errors are in percent."""
+    manifest = manifest or {"status": "missing"}
     m = metrics(spec)
     row = {"run": spec.name, "setting": spec.setting, "method": spec.cfg.model.norm, "seed": spec.seed,
            "status": manifest.get("status"), "epochs_done": manifest.get("epochs_done", 0),

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
 from normprop_cli.data import Dataset, make_data_norm, to_float
-from normprop_cli.device import synchronize
+from normprop_cli.device import describe, synchronize
 from normprop_cli.engine.runs import (CHECKPOINT, CONFIG, MANIFEST, METRICS, RunSpec, check_same_config,
                                       commit, now, read_manifest, run_dir, versions)
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
@@ -97,7 +97,8 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
         "run": spec.name, "setting": spec.setting, "experiment": cfg.experiment.name,
         "dataset": cfg.dataset.name, "preset": cfg.preset.name, "method": cfg.model.norm,
         "seed": spec.seed, "status": "running",
-        "epochs": int(t.epochs), "epochs_done": run.epoch, "device": str(device), "commit": commit(),
+        "epochs": int(t.epochs), "epochs_done": run.epoch, "device": str(device),
+        "device_name": describe(device), "commit": commit(),
         "versions": versions(), "host": _host(), "dataset_info": data.info}
     manifest.setdefault("started", now())
     manifest["resumed_from_epoch"] = run.epoch if run.epoch else None
@@ -189,6 +190,7 @@ def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") 
     bs = int(cfg.train.eval_batch_size)
 
     def batches():
+        run.model.eval()  # observers see the evaluation-mode model; train_epoch switches back
         run.data_norm.eval()
         for i in range(0, len(part), bs):
             yield run.data_norm(to_float(part.x[i:i + bs])), part.y[i:i + bs]

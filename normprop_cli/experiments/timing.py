@@ -63,12 +63,15 @@ def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict) -> pd.DataFrame
 
 
 def run(cfg: DictConfig) -> Path:
+    if cfg.get("jobs", 1) > 1 and cfg.launcher.name != "slurm":
+        # Runs sharing one machine would time each other: the timing runs go one at a time.
+        cfg.jobs = 1
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
     epochs = curves.gather(specs)
     if len(epochs):
         where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
-        epochs["device"] = epochs["run"].map(lambda r: where[r].get("device"))
+        epochs["device"] = epochs["run"].map(lambda r: where[r].get("device_name", where[r].get("device")))
         epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
     curves.write(cfg, "epochs", epochs)
     warmup = int(cfg.experiment.warmup_epochs)

@@ -27,7 +27,7 @@ class Folded(NamedTuple):
     scale: Tensor  # s_i = gamma_i / (f c1 ||W_i||), multiplies W_i * x
     bias: Tensor  # (beta_i - c2) / c1
     dscale: Tensor  # ds_i / dgamma_i = 1 / (f c1 ||W_i||)
-    radial: Tensor  # s_i / ||W_i||^2: the gradient through ||W_i|| is -radial_i <dL/dW_i, W_i> W_i
+    radial: Tensor  # s_i / ||W_i||^2: through ||W_i||, dL/dW_i gets -radial_i (dL/ds_i) W_i
     inv_c1: Tensor  # db_i / dbeta_i = 1 / c1
 
 
@@ -43,11 +43,13 @@ class NormPropLayer(nn.Module):
     prelu((W s) * x + beta / c1), then one subtraction of c2 / c1. Any other activation:
     act((W gamma / (f ||W||)) * x + beta), then the affine (two elementwise passes).
 
-    ReLU and the classifier (the NIN case) run as one autograd function, `_FoldedOp`, whose
-    backward is written out: the clamp is in place, and the per-filter work is a handful of
-    operations however many layers `fold` serves at once (at batch size 1 the cost of a step is
-    the number of operations, not their size). Other activations, autocast and torch.compile
-    take the plain autograd form of `forward`, which the compiler fuses.
+    ReLU and the classifier (the NIN case) take a faster road: `fold` computes s and the bias of
+    many layers in a few batched operations (NIN folds its nine at once: at batch size 1 a step
+    costs per operation, not per byte), and `_FoldedOp` is conv + clamp in one autograd function
+    whose backward is written out (the clamp is in place, as nn.ReLU(inplace=True) is). It puts
+    s on the output instead of the weights where the output is the smaller (batch size 1, wide
+    late layers). Other activations, autocast and torch.compile take the plain autograd form
+    below, which autocast and the compiler handle.
     """
 
     def __init__(
@@ -70,6 +72,10 @@ class NormPropLayer(nn.Module):
         self.beta = nn.Parameter(torch.empty(out_features))
         self.folded_path = self.activation in ("relu", "identity")
         self._consts: dict = {}
+        if self.activation == "relu":  # the clamp of eq. 11 folded: max(., -c2/c1)
+            self._floor = -self._fixed_stats.mean / self._fixed_stats.std
+        else:
+            self._floor = None
 
     def reset_parameters(self) -> None:
         """Section 4.2: Glorot (normalized) weights, beta = 0; gamma = 1, or 1/f for "init"."""
@@ -128,9 +134,10 @@ class NormPropLayer(nn.Module):
 
     def forward(self, x: Tensor, folded: Folded | None = None) -> Tensor:
         """Eq. 11; `folded` is this layer's share of `fold(layers)`, computed here when None."""
+        if folded is not None:
+            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *folded, self)
         if self._folded_ok(x):
-            f = folded if folded is not None else fold([self])[0]
-            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *f, self)
+            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *fold([self])[0], self)
         st = self.stats()
         c2, c1, f = st.mean, st.std, self.divisor()
         norm = self.filter_norms()
@@ -248,9 +255,9 @@ class _FoldedOp(torch.autograd.Function):
     """out_i = max(s_i (W_i * x) + b_i, -c2/c1) (eq. 11 folded; no max for the classifier).
 
     The scale goes on the weights (W s) or, when the output is smaller than the weights (batch
-    size 1, late layers), on the output. Backward, with G = dL/dW at fixed s and
-    ds_i = dL/ds_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
-    dL/dbeta_i = dL/db_i / c1.
+    size 1, late layers), on the output. Backward, with G = dL/dW at fixed s, ds_i = dL/ds_i and
+    db_i = dL/db_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
+    dL/dbeta_i = db_i / c1.
     """
 
     @staticmethod
@@ -262,11 +269,10 @@ class _FoldedOp(torch.autograd.Function):
         else:
             u = weight * _filters(scale, weight)
             out = layer._op(x, u, bias)
-        floor = -layer._fixed_stats.mean / layer._fixed_stats.std  # -c2/c1 (ReLU only)
-        if layer.activation == "relu":
-            out.clamp_min_(floor)
+        if layer._floor is not None:
+            out.clamp_min_(layer._floor)
         ctx.save_for_backward(x, weight, scale, dscale, radial, inv_c1, u, out)
-        ctx.layer, ctx.on_output, ctx.floor = layer, on_output, floor
+        ctx.layer, ctx.on_output = layer, on_output
         return out
 
     @staticmethod
@@ -274,8 +280,8 @@ class _FoldedOp(torch.autograd.Function):
     def backward(ctx, g):
         x, weight, scale, dscale, radial, inv_c1, u, out = ctx.saved_tensors
         layer = ctx.layer
-        if layer.activation == "relu":
-            g = torch.ops.aten.threshold_backward(g, out, ctx.floor)
+        if layer._floor is not None:
+            g = torch.ops.aten.threshold_backward(g, out, layer._floor)
         need_x = ctx.needs_input_grad[0]
         if ctx.on_output:  # u = W * x
             dims = (0, *range(2, g.ndim))
@@ -286,7 +292,8 @@ class _FoldedOp(torch.autograd.Function):
             ds = (gw * weight).sum(_rows(weight))
             gw.mul_(_filters(scale, weight))
         gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
-        return gx, gw, dscale * ds, db * inv_c1, None, None, None, None, None, None
+        dbeta = db if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
+        return gx, gw, dscale * ds, dbeta, None, None, None, None, None, None
 
 
 def _filters(v: Tensor, weight: Tensor) -> Tensor:

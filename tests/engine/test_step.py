@@ -154,3 +154,13 @@ def test_cuda_graph_replays_the_eager_steps_exactly(norm):
     assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
     for k, v in out[False][1].items():
         torch.testing.assert_close(out[True][1][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("option", ["channels_last", "amp"])
+def test_trainer_runs_with_each_option(cli, option):
+    grid = "grid=[{id: r, set: {model.norm: normprop}}]"
+    args = ["--preset", "smoke", "--quiet", "train.epochs=1", f"train.{option}=true", grid]
+    result = cli("run", "table1", *args, "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    metrics = (cli.results / "table1" / "synthetic" / "runs" / "r-s0" / "metrics.csv").read_text()
+    assert "nan" not in metrics.lower()

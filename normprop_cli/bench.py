@@ -32,12 +32,12 @@ import torch
 
 from normprop_cli import device as devices
 from normprop_cli import io
-from normprop_cli.engine.step import Step, StepOptions, make_optimizer
+from normprop_cli.engine.step import StepOptions, make_optimizer, make_step
 
 METHODS = ("none", "batchnorm", "normprop")
-COLUMNS = ["method", "batch_size", "width", "device", "threads", "steps", "step_ms_median",
-           "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm", "flush_denormal",
-           "load_average", "finite"]  # fmt: skip
+COLUMNS = ["method", "batch_size", "width", "device", "threads", "options", "steps",
+           "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
+           "flush_denormal", "load_average", "finite"]  # fmt: skip
 EPOCH_COLUMNS = ["method", "width", "batch_size", "device", "epochs", "epoch_s", "train_s",
                  "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
 
@@ -52,14 +52,16 @@ def run_bench(
     epochs: int = 2,
     budget_s: float = 20.0,
     threads: int | None = None,
-    options: StepOptions = StepOptions(),
+    options: StepOptions | None = None,
     preset: str = "quick",
     quiet: bool = False,
 ) -> pd.DataFrame:
     """Time steps and epochs; write results/bench/{bench,epochs}.csv; return the step table.
 
     The epoch table is also in the returned frame's `attrs["epochs"]`; `epochs=0` skips it.
-    `preset` gives the data set and the epochs' shapes (tests use "smoke").
+    `preset` gives the data set and the epochs' shapes (tests use "smoke"); `options` how a step
+    runs (default: the config's `train:` options, as the trainer takes them); `threads` sets
+    torch's CPU threads (default: torch's own choice, all cores).
     """
     from normprop_cli import config
     from normprop_cli.engine.sweep import load_data
@@ -69,12 +71,13 @@ def run_bench(
     if threads:
         torch.set_num_threads(int(threads))
     cfg = config.load("table1", preset=preset)
+    options = options or StepOptions.from_cfg(cfg.train, dev)
     data = load_data(cfg, dev)
     rows = []
     for width in widths:
         for bs in batch_sizes:
             times, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, options)
-            rows += _rows(times, finite, width, bs, dev)
+            rows += _rows(times, finite, width, bs, dev, options)
     table = pd.DataFrame(rows, columns=COLUMNS)
     out = Path(results_dir) / "bench"
     io.write_csv(out / "bench.csv", table)
@@ -115,7 +118,7 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     return {m: t[warmup:] for m, t in times.items()}, finite
 
 
-def _step(cfg, data, dev, method, options) -> Step:
+def _step(cfg, data, dev, method, options):
     from normprop_cli.engine.trainer import build_model
 
     cfg = copy.deepcopy(cfg)
@@ -126,7 +129,7 @@ def _step(cfg, data, dev, method, options) -> Step:
         model = model.to(memory_format=torch.channels_last)
     lr = 1e-4 if method == "none" else cfg.train.lr  # section 5.2: larger rates diverge
     opt = make_optimizer(model, lr, cfg.train.momentum, cfg.train.weight_decay, dev)
-    return Step(model, torch.nn.Identity(), opt, method == "normprop", options)
+    return make_step(model, torch.nn.Identity(), opt, method == "normprop", options)
 
 
 def _batches(data, cfg, dev, batch_size, count: int = 16):
@@ -140,14 +143,15 @@ def _batches(data, cfg, dev, batch_size, count: int = 16):
     return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
 
 
-def _rows(times, finite, width, bs, dev) -> list[dict]:
+def _rows(times, finite, width, bs, dev, options) -> list[dict]:
     med = {m: statistics.median(t) for m, t in times.items()}
     rows = []
     for m, t in times.items():
-        q = statistics.quantiles(t, n=10) if len(t) > 1 else [t[0]] * 9
+        q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
         rows.append({
             "method": m, "batch_size": bs, "width": width, "device": devices.describe(dev),
-            "threads": torch.get_num_threads(), "steps": len(t), "step_ms_median": med[m],
+            "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
+            "step_ms_median": med[m],
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
             "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
             "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
@@ -164,6 +168,8 @@ def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=METHO
     for m in methods:
         c = copy.deepcopy(cfg)
         c.model.norm = m
+        for key in OPTIONS:
+            c.train[key] = getattr(options, key)
         if m == "none":
             c.train.lr = 1e-4  # section 5.2
         torch.manual_seed(0)
@@ -204,6 +210,13 @@ def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=METHO
     return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
 
 
+OPTIONS = ("channels_last", "amp", "compile", "cuda_graph")
+
+
+def describe(options: StepOptions) -> str:
+    return "+".join(k for k in OPTIONS if getattr(options, k)) or "plain"
+
+
 class _Clock:
     """Wraps a step and adds up the time spent inside it (with a device sync on CUDA)."""
 
@@ -242,7 +255,9 @@ def show(table: pd.DataFrame) -> None:
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"NIN training step, ms (median of the timed steps), {table['device'].iloc[0]}")
+    first = table.iloc[0]
+    t = Table(title=f"NIN training step, ms (median of the timed steps), {first['device']}, "
+              f"{first['options']}")  # fmt: skip
     for col in ("width", "batch", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN"):
         t.add_column(col, justify="right")
     for r in table.itertuples():

@@ -12,9 +12,12 @@ import typer
 from normprop_cli import config
 from normprop_cli.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Normalization Propagation (Arpit et al., ICML 2016): run, plot and report "
-                       "every experiment of the paper.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Normalization Propagation (Arpit et al., ICML 2016): run, plot and report every experiment of the paper.",
+)
 
 Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
 Preset = Annotated[str | None, typer.Option(help="paper | quick | smoke (default: quick).")]
@@ -75,8 +78,7 @@ def compose(experiment, preset, dataset, overrides, **settings):
 
     cfg = config.load(experiment, preset=preset, dataset=dataset, overrides=overrides or [], **settings)
     if experiment not in RUNNERS:
-        raise UserError(f"experiment '{experiment}' has a config but no runner yet; "
-                        f"runnable: {', '.join(RUNNERS)}")
+        raise UserError(f"experiment '{experiment}' has a config but no runner yet; runnable: {', '.join(RUNNERS)}")
     return cfg
 
 
@@ -93,10 +95,14 @@ def run(
     results_dir: ResultsDir = None,
     download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
-    jobs: Annotated[int | None, typer.Option(help="Worker processes: one GPU each when several are "
-                                                  "visible, else a share of the CPU threads.")] = None,
-    launcher: Annotated[str | None, typer.Option(help="none | local | slurm: where the runs go "
-                                                      "(submitit; settings: launcher.KEY=VALUE).")] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(help="Worker processes: one GPU each when several are visible, else a share of the CPU threads."),
+    ] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option(help="none | local | slurm: where the runs go (submitit; settings: launcher.KEY=VALUE)."),
+    ] = None,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
     from normprop_cli.experiments import runner
@@ -107,9 +113,20 @@ def run(
         raise UserError(f"--jobs must be at least 1, got {jobs}")
     if launcher is not None:
         config.check_choice("launcher", launcher)
-    cfg = compose(experiment, preset, dataset, overrides, seeds=seeds, device=device, data_dir=data_dir,
-                  results_dir=results_dir, download=download or None, quiet=quiet or None,
-                  jobs=jobs, launcher=launcher)
+    cfg = compose(
+        experiment,
+        preset,
+        dataset,
+        overrides,
+        seeds=seeds,
+        device=device,
+        data_dir=data_dir,
+        results_dir=results_dir,
+        download=download or None,
+        quiet=quiet or None,
+        jobs=jobs,
+        launcher=launcher,
+    )
     out = runner(experiment).run(cfg)
     typer.echo(f"wrote {out}")
 
@@ -175,12 +192,53 @@ def reproduce_all(
     cfg = None
     for experiment in RUNNERS:
         typer.echo(f"== {experiment}", err=True)
-        cfg = compose(experiment, preset, None if experiment == "theory" else dataset, [], device=device,
-                      data_dir=data_dir, results_dir=results_dir, download=download or None,
-                      quiet=quiet or None)
+        cfg = compose(
+            experiment,
+            preset,
+            None if experiment == "theory" else dataset,
+            [],
+            device=device,
+            data_dir=data_dir,
+            results_dir=results_dir,
+            download=download or None,
+            quiet=quiet or None,
+        )
         typer.echo(f"wrote {runner(experiment).run(cfg)}")
     typer.echo(f"wrote {write_report(Path(cfg.results_dir))}")
     typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
+
+
+@app.command()
+@user_errors
+def bench(
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,50,100",
+    widths: Annotated[str, typer.Option(help="Comma-separated NIN widths.")] = "1.0,0.25",
+    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration.")] = 20.0,
+    epochs: Annotated[int, typer.Option(help="Whole epochs timed per method (0: none).")] = 2,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's).")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")] = "auto",
+    results_dir: Annotated[Path, typer.Option(help="Where results go.")] = Path("results"),
+) -> None:
+    """Time the NIN training step of none, batchnorm and normprop side by side; write bench.csv."""
+    from normprop_cli.bench import run_bench
+
+    try:
+        sizes = [int(b) for b in batch_sizes.split(",")]
+        ws = [float(w) for w in widths.split(",")]
+    except ValueError:
+        raise UserError("--batch-sizes and --widths take comma-separated numbers, e.g. 1,50,100") from None
+    if min(sizes) < 1 or min(ws) <= 0 or budget <= 0 or epochs < 0:
+        raise UserError("batch sizes must be >= 1, widths and --budget > 0, --epochs >= 0")
+    run_bench(
+        batch_sizes=sizes,
+        widths=ws,
+        budget_s=budget,
+        epochs=epochs,
+        threads=threads,
+        device=device,
+        results_dir=results_dir,
+    )
+    typer.echo(f"wrote {results_dir / 'bench' / 'bench.csv'}")
 
 
 def main() -> None:

@@ -72,8 +72,9 @@ def load(
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = compose(config_name="config", overrides=given)
     except Exception as exc:  # Hydra's parse, missing-key and composition errors
-        raise UserError(f"bad override ({_first_line(exc)}); write overrides as key=value, "
-                        "e.g. train.epochs=5") from None
+        raise UserError(
+            f"bad override ({_first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)

@@ -18,8 +18,7 @@ def resolve(name: str = "auto") -> torch.device:
         raise UserError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"--device {name} asked for, but this machine has no CUDA GPU; "
-                            "use --device cpu or auto")
+            raise UserError(f"--device {name} asked for, but this machine has no CUDA GPU; use --device cpu or auto")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UserError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
     elif device.type != "cpu":

@@ -53,6 +53,7 @@ def save_figure(fig, stem: Path) -> list[Path]:
     out = []
     for ext in ("png", "pdf"):
         target = Path(f"{stem}.{ext}")
-        out.append(atomic_write(target, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=150,
-                                                                         bbox_inches="tight")))
+        out.append(
+            atomic_write(target, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"))
+        )
     return out

@@ -31,9 +31,14 @@ def provenance(directory: Path) -> dict:
     manifest = read_manifest(runs[0].parent) or {}
     devices = sorted({(read_manifest(r.parent) or {}).get("device", "?") for r in runs})
     cfg = OmegaConf.load(runs[0].parent / CONFIG)
-    return {"preset": manifest.get("preset", "?"), "device": ", ".join(devices), "runs": len(runs),
-            "dataset": manifest.get("dataset", directory.name), "cfg": cfg,
-            "seeds": len({(read_manifest(r.parent) or {}).get("seed") for r in runs})}
+    return {
+        "preset": manifest.get("preset", "?"),
+        "device": ", ".join(devices),
+        "runs": len(runs),
+        "dataset": manifest.get("dataset", directory.name),
+        "cfg": cfg,
+        "seeds": len({(read_manifest(r.parent) or {}).get("seed") for r in runs}),
+    }
 
 
 def departures(experiment: str, prov: dict) -> list[str]:
@@ -44,14 +49,18 @@ def departures(experiment: str, prov: dict) -> list[str]:
     paper_sets = PAPER_DATASETS.get(experiment, ("cifar10",))
     dataset = cfg.dataset.name
     if dataset not in paper_sets:
-        out.append(f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
-                   "comparable with the paper's, only the trends are.")
+        out.append(
+            f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
+            "comparable with the paper's, only the trends are."
+        )
     paper = config.load(experiment, preset="paper", dataset=dataset if dataset in paper_sets else paper_sets[0])
     if cfg.train.epochs != paper.train.epochs:
         out.append(f"Epochs: {cfg.train.epochs} per run, the paper's protocol has {paper.train.epochs}.")
     if cfg.train.lr_halve_every != paper.train.lr_halve_every:
-        out.append(f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
-                   f"every {paper.train.lr_halve_every}.")
+        out.append(
+            f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
+            f"every {paper.train.lr_halve_every}."
+        )
     if cfg.model.width != 1.0:
         out.append(f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0).")
     if cfg.dataset.get("limit"):
@@ -71,11 +80,17 @@ def section(experiment: str, results: Path) -> list[str]:
     for directory in dirs:
         prov = provenance(directory)
         dataset = prov.get("dataset", directory.name if experiment != "theory" else None)
-        cfg = config.load(experiment, preset=prov.get("preset") if prov.get("preset") in config.options("preset")
-                          else None, dataset=dataset, results_dir=results)
+        cfg = config.load(
+            experiment,
+            preset=prov.get("preset") if prov.get("preset") in config.options("preset") else None,
+            dataset=dataset,
+            results_dir=results,
+        )
         if prov:
-            lines.append(f"Data set **{prov['dataset']}**, preset **{prov['preset']}**, device {prov['device']}, "
-                         f"{prov['runs']} run(s).")
+            lines.append(
+                f"Data set **{prov['dataset']}**, preset **{prov['preset']}**, device {prov['device']}, "
+                f"{prov['runs']} run(s)."
+            )
             lines.append("")
         for figure in sorted(directory.glob("*.png")):
             lines += [f"![{experiment} {figure.stem}]({figure.relative_to(results).as_posix()})", ""]
@@ -104,9 +119,13 @@ def write_report(results: Path) -> Path:
     results = Path(results)
     present = [e for e in RUNNERS if result_dirs(results, e)]
     missing = [e for e in RUNNERS if e not in present]
-    lines = ["# NormProp reproduction report", "",
-             "Every experiment of Arpit et al. (ICML 2016), reproduced by `normprop`; written by "
-             "`normprop report` from the CSVs under this directory.", ""]
+    lines = [
+        "# NormProp reproduction report",
+        "",
+        "Every experiment of Arpit et al. (ICML 2016), reproduced by `normprop`; written by "
+        "`normprop report` from the CSVs under this directory.",
+        "",
+    ]
     if missing:
         lines += [f"Missing experiments: {', '.join(missing)}.", ""]
     for experiment in RUNNERS:

@@ -26,12 +26,18 @@ def rows(cfg: DictConfig) -> list[dict]:
     out = []
     for spec in expand_grid(cfg):
         manifest = read_manifest(run_dir(spec.cfg, spec.name)) or {}
-        out.append({"run": spec.name, "state": manifest.get("status", "missing"),
-                    "epoch": manifest.get("epochs_done", 0),
-                    "epochs": manifest.get("epochs", int(spec.cfg.train.epochs)),
-                    "host": manifest.get("host", ""), "device": manifest.get("device", ""),
-                    "updated": manifest.get("updated", manifest.get("started", ""))[:16].replace("T", " "),
-                    "job": jobs.get(spec.name, "")})
+        out.append(
+            {
+                "run": spec.name,
+                "state": manifest.get("status", "missing"),
+                "epoch": manifest.get("epochs_done", 0),
+                "epochs": manifest.get("epochs", int(spec.cfg.train.epochs)),
+                "host": manifest.get("host", ""),
+                "device": manifest.get("device", ""),
+                "updated": manifest.get("updated", manifest.get("started", ""))[:16].replace("T", " "),
+                "job": jobs.get(spec.name, ""),
+            }
+        )
     return out
 
 
@@ -48,11 +54,15 @@ def show(cfg: DictConfig, console: Console | None = None) -> list[dict]:
     for name in columns:
         table.add_column(name, no_wrap=True)
     for r in runs:
-        cells = {**r, "state": f"[{STATE_STYLES.get(r['state'], 'default')}]{r['state']}",
-                 "epoch": f"{r['epoch']}/{r['epochs']}"}
+        cells = {
+            **r,
+            "state": f"[{STATE_STYLES.get(r['state'], 'default')}]{r['state']}",
+            "epoch": f"{r['epoch']}/{r['epochs']}",
+        }
         table.add_row(*(str(cells[name]) for name in columns))
-    console.print(f"{cfg.experiment.name} on {cfg.dataset.name}, {cfg.preset.name} preset: {sweep_dir(cfg)}",
-                  highlight=False)
+    console.print(
+        f"{cfg.experiment.name} on {cfg.dataset.name}, {cfg.preset.name} preset: {sweep_dir(cfg)}", highlight=False
+    )
     console.print(table)
     counts = Counter(r["state"] for r in runs)
     states = [s for s in STATE_STYLES if counts[s]] + [s for s in counts if s not in STATE_STYLES]

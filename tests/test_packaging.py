@@ -9,8 +9,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+    )
     wheel = next((tmp_path / "dist").glob("normprop-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n.removeprefix("normprop_cli/conf/") for n in names if n.startswith("normprop_cli/conf/")}
@@ -18,12 +31,21 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     assert in_repo <= shipped
     # Install it apart from the checkout and compose a config there, away from the repository.
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                    str(wheel)], check=True)
-    code = ("import normprop_cli, normprop_cli.config as c; "
-            "cfg = c.load('table1', preset='paper', dataset='svhn'); "
-            "print(normprop_cli.__file__); print(c.conf_dir()); print(cfg.train.epochs)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True).stdout.split()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)], check=True
+    )
+    code = (
+        "import normprop_cli, normprop_cli.config as c; "
+        "cfg = c.load('table1', preset='paper', dataset='svhn'); "
+        "print(normprop_cli.__file__); print(c.conf_dir()); print(cfg.train.epochs)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout.split()
     assert out[0].startswith(str(site)) and out[1] == str(site / "normprop_cli" / "conf")
     assert out[2] == "25"  # SVHN's 25 epochs: the experiment_dataset group shipped too

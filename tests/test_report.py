@@ -4,8 +4,10 @@ from normprop_cli.experiments import RUNNERS
 
 
 def test_report_renders_with_experiments_missing_and_names_them(cli):
-    assert cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1",
-               "--results-dir", cli.results).exit_code == 0
+    assert (
+        cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1", "--results-dir", cli.results).exit_code
+        == 0
+    )
     result = cli("report", "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     report = (cli.results / "REPORT.md").read_text()

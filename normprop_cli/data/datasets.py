@@ -52,13 +52,9 @@ class Split:
 
     def __post_init__(self):
         if self.x.dtype != torch.uint8 or self.x.dim() != 4:
-            raise ValueError(
-                f"Split.x must be uint8 [N, C, H, W], got {self.x.dtype} {tuple(self.x.shape)}"
-            )
+            raise ValueError(f"Split.x must be uint8 [N, C, H, W], got {self.x.dtype} {tuple(self.x.shape)}")
         if self.y.dtype != torch.int64 or self.y.shape != self.x.shape[:1]:
-            raise ValueError(
-                f"Split.y must be int64 [{len(self.x)}], got {self.y.dtype} {tuple(self.y.shape)}"
-            )
+            raise ValueError(f"Split.y must be int64 [{len(self.x)}], got {self.y.dtype} {tuple(self.y.shape)}")
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -207,9 +203,7 @@ def cifar_val_size(n_train: int) -> int:
     return min(5000, n_train // 10)
 
 
-def _random_split(
-    n: int, n_val: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _random_split(n: int, n_val: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, val) indices of a seeded permutation, each in ascending order."""
     perm = torch.randperm(n, generator=generator)
     return perm[n_val:].sort().values, perm[:n_val].sort().values
@@ -221,9 +215,7 @@ def _per_class_split(y: torch.Tensor, per_class: int, num_classes: int, generato
     for c in range(num_classes):
         members = (y == c).nonzero().flatten()
         if len(members) < per_class:
-            raise ValueError(
-                f"class {c} has {len(members)} images, fewer than the {per_class} needed"
-            )
+            raise ValueError(f"class {c} has {len(members)} images, fewer than the {per_class} needed")
         picked.append(members[torch.randperm(len(members), generator=generator)[:per_class]])
     picked = torch.cat(picked).sort().values
     return _complement(len(y), picked), picked
@@ -257,9 +249,7 @@ def _entry(d, key: str):
     raise KeyError(f"no {key!r} entry")
 
 
-def _read_cifar(
-    name: str, path: Path, label_key: str, num_classes: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar(name: str, path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
             d = pickle.load(f, encoding="latin1")
@@ -268,9 +258,7 @@ def _read_cifar(
     except Exception as exc:
         raise _corrupt_error(name, path, _reason(exc)) from exc
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) == 0:
-        raise _corrupt_error(
-            name, path, f"data is {data.dtype} {data.shape}, expected uint8 [N, 3072]"
-        )
+        raise _corrupt_error(name, path, f"data is {data.dtype} {data.shape}, expected uint8 [N, 3072]")
     if labels.shape != (len(data),):
         raise _corrupt_error(name, path, f"{len(data)} images but labels of shape {labels.shape}")
     if labels.min() < 0 or labels.max() >= num_classes:
@@ -342,9 +330,7 @@ def _read_svhn(path: Path) -> Split:
     except Exception as exc:
         raise _corrupt_error("svhn", path, _reason(exc)) from exc
     if X.dtype != np.uint8 or X.ndim != 4 or X.shape[:3] != (32, 32, 3) or X.shape[3] == 0:
-        raise _corrupt_error(
-            "svhn", path, f"X is {X.dtype} {X.shape}, expected uint8 [32, 32, 3, N]"
-        )
+        raise _corrupt_error("svhn", path, f"X is {X.dtype} {X.shape}, expected uint8 [32, 32, 3, N]")
     if y.size != X.shape[3]:
         raise _corrupt_error("svhn", path, f"{X.shape[3]} images but y of shape {y.shape}")
     y = y.reshape(-1).astype(np.int64)
@@ -385,9 +371,7 @@ def load_svhn(
             raise _corrupt_error("svhn", path, str(exc)) from exc
         parts[split] = (full, rest, val)
     (tr, tr_rest, tr_val), (ex, ex_rest, ex_val) = parts["train"], parts["extra"]
-    train = Split(
-        torch.cat([tr.x[tr_rest], ex.x[ex_rest]]), torch.cat([tr.y[tr_rest], ex.y[ex_rest]])
-    )
+    train = Split(torch.cat([tr.x[tr_rest], ex.x[ex_rest]]), torch.cat([tr.y[tr_rest], ex.y[ex_rest]]))
     val = Split(torch.cat([tr.x[tr_val], ex.x[ex_val]]), torch.cat([tr.y[tr_val], ex.y[ex_val]]))
     del parts, tr, ex
     test = _read_svhn(directory / _SVHN_SPLITS["test"])
@@ -479,9 +463,7 @@ def load_synthetic(
     """Each class is a smooth random colour pattern (4x4 upsampled to 32x32, values 32..224);
     an image is its class pattern plus Gaussian pixel noise of std `noise` (0..255 scale)."""
     coarse = torch.rand(num_classes, 3, 4, 4, generator=_generator(_SYNTHETIC_CLASS_SEED))
-    prototypes = 32 + 192 * F.interpolate(
-        coarse, size=(32, 32), mode="bilinear", align_corners=False
-    )
+    prototypes = 32 + 192 * F.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False)
     g = _generator(split_seed)
 
     def sample(n: int) -> Split:
@@ -505,9 +487,7 @@ def load_synthetic(
             "noise": noise,
             "class_seed": _SYNTHETIC_CLASS_SEED,
         },
-        split_rule=(
-            "train, val, test sampled in that order from torch.Generator().manual_seed(split_seed)"
-        ),
+        split_rule=("train, val, test sampled in that order from torch.Generator().manual_seed(split_seed)"),
     )
 
 

@@ -77,9 +77,7 @@ class BatchDataNorm(nn.Module):
     sane early on; before any training batch they are mean 0, variance 1.
     """
 
-    def __init__(
-        self, momentum: float = 0.1, eps: float = 1e-5, shape: tuple[int, ...] = (3, 32, 32)
-    ):
+    def __init__(self, momentum: float = 0.1, eps: float = 1e-5, shape: tuple[int, ...] = (3, 32, 32)):
         super().__init__()
         self.momentum, self.eps = momentum, eps
         self.register_buffer("running_mean", torch.zeros(1, *shape))
@@ -87,9 +85,7 @@ class BatchDataNorm(nn.Module):
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
 
     @classmethod
-    def from_train(
-        cls, train_x: torch.Tensor, momentum: float = 0.1, eps: float = 1e-5
-    ) -> BatchDataNorm:
+    def from_train(cls, train_x: torch.Tensor, momentum: float = 0.1, eps: float = 1e-5) -> BatchDataNorm:
         """Only the image shape and device of `train_x` are used (streaming data, section 4.1)."""
         return cls(momentum, eps, tuple(train_x.shape[1:])).to(train_x.device)
 

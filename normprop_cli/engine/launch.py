@@ -33,8 +33,7 @@ from normprop_cli.engine.runs import RunSpec
 from normprop_cli.errors import UserError
 
 # sacct states of a job that SLURM may still run
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING",
-          "SUSPENDED"}
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
 
 
 class RunTask(submitit.helpers.Checkpointable):
@@ -65,22 +64,19 @@ def submitted(cfg: DictConfig) -> dict[str, str]:
 
 
 def status_command(cfg: DictConfig) -> str:
-    words = ["normprop", "status", cfg.experiment.name,
-             "--dataset", cfg.dataset.name, "--preset", cfg.preset.name]
+    words = ["normprop", "status", cfg.experiment.name, "--dataset", cfg.dataset.name, "--preset", cfg.preset.name]
     if str(cfg.results_dir) != "results":
         words += ["--results-dir", str(cfg.results_dir)]
     words += [f"seeds={cfg.seeds}"] + ([f"seed={cfg.seed}"] if int(cfg.seed) else [])
     return shlex.join(words)
 
 
-def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers,
-              progress: QuietProgress) -> None:
+def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers, progress: QuietProgress) -> None:
     """One LocalExecutor job per run, `jobs` at a time, each on its slot's device; wait for all."""
     slots = min(int(cfg.jobs), len(todo))
     executor = submitit.LocalExecutor(folder=folder(cfg))
     gpus = _visible_gpus()
-    executor.update_parameters(timeout_min=int(cfg.launcher.timeout_min), gpus_per_node=len(gpus),
-                               visible_gpus=gpus)
+    executor.update_parameters(timeout_min=int(cfg.launcher.timeout_min), gpus_per_node=len(gpus), visible_gpus=gpus)
     threads, device = parallel.worker_threads(slots), parallel.worker_devices(cfg.device, slots)
     waiting, running, lost = list(todo), {}, []
     try:
@@ -124,12 +120,10 @@ def submit_slurm(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.O
             raise UserError(f"sbatch refused the job array: {_first_line(str(exc))}") from None
         record |= {s.name: job.job_id for s, job in zip(submit, jobs, strict=True)}
         io.write_json(record_path(cfg), record)
-        print(f"submitted {len(submit)} run(s) as SLURM job {jobs[0].job_id.split('_')[0]} "
-              f"(logs in {folder(cfg)})")
+        print(f"submitted {len(submit)} run(s) as SLURM job {jobs[0].job_id.split('_')[0]} (logs in {folder(cfg)})")
     if len(submit) < len(todo):
         ids = ", ".join(sorted({j.split("_")[0] for j in busy}))
-        print(f"{len(todo) - len(submit)} run(s) still queued or running in SLURM job(s) {ids}: "
-              "not submitted again")
+        print(f"{len(todo) - len(submit)} run(s) still queued or running in SLURM job(s) {ids}: not submitted again")
     print(f"watch them: {status_command(cfg)}")
     print("once every run is complete, run this command again: it writes summary.csv and the figures")
     sys.exit(0)
@@ -140,21 +134,29 @@ def _slurm_executor(cfg: DictConfig) -> submitit.SlurmExecutor:
     try:
         executor = submitit.SlurmExecutor(folder=folder(cfg), max_num_timeout=int(launcher.max_requeues))
     except RuntimeError:  # no srun on PATH
-        raise UserError("--launcher slurm needs SLURM (srun and sbatch on PATH): run it on the cluster's "
-                        "login node, or use --launcher local") from None
-    optional = {"partition": launcher.partition, "account": launcher.account, "qos": launcher.qos,
-                "gpus_per_node": launcher.gpus_per_task or None,  # one task per job
-                "cpus_per_task": launcher.cpus_per_task,
-                "mem": f"{launcher.mem_gb}GB" if launcher.mem_gb else None}
+        raise UserError(
+            "--launcher slurm needs SLURM (srun and sbatch on PATH): run it on the cluster's "
+            "login node, or use --launcher local"
+        ) from None
+    optional = {
+        "partition": launcher.partition,
+        "account": launcher.account,
+        "qos": launcher.qos,
+        "gpus_per_node": launcher.gpus_per_task or None,  # one task per job
+        "cpus_per_task": launcher.cpus_per_task,
+        "mem": f"{launcher.mem_gb}GB" if launcher.mem_gb else None,
+    }
     try:
         executor.update_parameters(
-            job_name=f"normprop-{cfg.experiment.name}", time=int(launcher.timeout_min),
-            array_parallelism=int(launcher.array_parallelism), setup=list(launcher.setup),
+            job_name=f"normprop-{cfg.experiment.name}",
+            time=int(launcher.timeout_min),
+            array_parallelism=int(launcher.array_parallelism),
+            setup=list(launcher.setup),
             additional_parameters=OmegaConf.to_container(launcher.additional),
-            **{k: v for k, v in optional.items() if v is not None})
+            **{k: v for k, v in optional.items() if v is not None},
+        )
     except (ValueError, TypeError) as exc:
-        raise UserError(f"bad launcher setting ({_first_line(str(exc))}); "
-                        "see conf/launcher/slurm.yaml") from None
+        raise UserError(f"bad launcher setting ({_first_line(str(exc))}); see conf/launcher/slurm.yaml") from None
     return executor
 
 

@@ -68,8 +68,9 @@ class LastEpoch:
 _data: dict = {}  # a worker's data set, loaded once per process
 
 
-def train_in_worker(run: dict, device: str | None, threads: int | None,
-                    observers: Observers) -> tuple[dict, dict | None]:
+def train_in_worker(
+    run: dict, device: str | None, threads: int | None, observers: Observers
+) -> tuple[dict, dict | None]:
     """Train one run (a `plain` config) in this process; return its manifest and last epoch's row."""
     from normprop_cli.engine.sweep import load_data, train_one
 
@@ -100,8 +101,10 @@ def stop_unfinished(specs: Sequence[RunSpec], why: str, code: int) -> None:
     """Say which runs are unfinished, and where they stand, then exit with `code`."""
     done = [(read_manifest(run_dir(s.cfg, s.name)) or {}).get("epochs_done", 0) for s in specs]
     where = ", ".join(f"{s.name} at epoch {epoch}" for s, epoch in zip(specs, done, strict=True))
-    console.print(f"{why}: {len(specs)} run(s) unfinished ({where}); they keep their finished epochs; "
-                  "run the same command again to resume them")
+    console.print(
+        f"{why}: {len(specs)} run(s) unfinished ({where}); they keep their finished epochs; "
+        "run the same command again to resume them"
+    )
     sys.exit(code)
 
 
@@ -115,8 +118,10 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
     for _ in range(n):
         tasks.put(None)  # one stop sign per worker, after every run
     args = (worker_threads(n), cloudpickle.dumps(observers), tasks, results)
-    workers = [ctx.Process(target=_serve, args=(k, device, *args), daemon=True)
-               for k, device in enumerate(worker_devices(cfg.device, n))]
+    workers = [
+        ctx.Process(target=_serve, args=(k, device, *args), daemon=True)
+        for k, device in enumerate(worker_devices(cfg.device, n))
+    ]
     for w in workers:
         w.start()
     specs, done, dead = {s.name: s for s in todo}, set(), set()

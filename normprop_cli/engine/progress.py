@@ -5,8 +5,14 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 console = Console(stderr=True)
 
@@ -16,9 +22,16 @@ class RichProgress:
 
     def __init__(self, total_runs: int):
         self.total_runs, self.index = total_runs, 0
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=console, transient=False)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
         self.task = None
         self.steps_per_epoch = 1
 
@@ -32,17 +45,22 @@ class RichProgress:
     def start(self, spec, epochs, steps_per_epoch, done):
         self.index += 1
         self.steps_per_epoch = steps_per_epoch
-        self.task = self.bar.add_task(f"[{self.index}/{self.total_runs}] {spec.name}",
-                                      total=epochs * steps_per_epoch, completed=done * steps_per_epoch,
-                                      status=f"epoch {done}/{epochs}")
+        self.task = self.bar.add_task(
+            f"[{self.index}/{self.total_runs}] {spec.name}",
+            total=epochs * steps_per_epoch,
+            completed=done * steps_per_epoch,
+            status=f"epoch {done}/{epochs}",
+        )
         self.epochs = epochs
 
     def step(self, n):
         self.bar.advance(self.task, n)
 
     def epoch(self, row):
-        self.bar.update(self.task, status=f"epoch {row['epoch']}/{self.epochs} loss {row['train_loss']:.3f} "
-                                          f"test acc {row['test_acc']:.1f}%")
+        self.bar.update(
+            self.task,
+            status=f"epoch {row['epoch']}/{self.epochs} loss {row['train_loss']:.3f} test acc {row['test_acc']:.1f}%",
+        )
 
     def finish(self, manifest):
         if manifest["status"] != "complete":
@@ -79,14 +97,19 @@ class QuietProgress:
     def finish(self, manifest):
         last = self.last or {}
         acc = f", test acc {last['test_acc']:.2f}%" if "test_acc" in last else ""
-        print(f"[{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
-              f"{manifest['epochs_done']} epochs{acc}", file=sys.stderr, flush=True)
+        print(
+            f"[{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
+            f"{manifest['epochs_done']} epochs{acc}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.last = None
 
     def skip(self, spec, manifest):
         self.index += 1
-        print(f"[{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped", file=sys.stderr, flush=True
+        )
 
 
 def make_progress(total_runs: int, quiet: bool):

@@ -24,10 +24,10 @@ RUN_KEYS = ("experiment", "run", "seed", "dataset", "model", "train")
 
 @dataclass
 class RunSpec:
-    name: str          # e.g. "normprop-flip-s0"
-    setting: str       # the grid entry's id, e.g. "normprop-flip"
+    name: str  # e.g. "normprop-flip-s0"
+    setting: str  # the grid entry's id, e.g. "normprop-flip"
     seed: int
-    cfg: DictConfig    # the resolved config of this one run
+    cfg: DictConfig  # the resolved config of this one run
 
     @property
     def run_cfg(self) -> DictConfig:
@@ -52,8 +52,9 @@ def expand_grid(cfg: DictConfig) -> list[RunSpec]:
             run = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
             for key, value in (entry.get("set") or {}).items():
                 if OmegaConf.select(run, key, default="<missing>") == "<missing>":
-                    raise UserError(f"grid entry '{entry['id']}' sets unknown key '{key}' "
-                                    f"in experiment {cfg.experiment.name}")
+                    raise UserError(
+                        f"grid entry '{entry['id']}' sets unknown key '{key}' in experiment {cfg.experiment.name}"
+                    )
                 OmegaConf.update(run, key, value, merge=False)
             name = f"{entry['id']}-s{seed}"
             run.run = {"name": name, "setting": entry["id"]}
@@ -68,16 +69,25 @@ def expand_grid(cfg: DictConfig) -> list[RunSpec]:
 @lru_cache(maxsize=1)
 def commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(normprop_cli.__file__).parent, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(normprop_cli.__file__).parent,
+            timeout=5,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def versions() -> dict:
-    return {"python": sys.version.split()[0], "torch": torch.__version__,
-            "normprop": normprop_cli.__version__, "platform": platform.platform()}
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "normprop": normprop_cli.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def now() -> str:
@@ -99,8 +109,10 @@ def check_same_config(spec: RunSpec, path: Path) -> None:
     stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
     differ = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
     if differ:
-        raise UserError(f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "
-                        "differ); pass another --results-dir or delete that run directory")
+        raise UserError(
+            f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "
+            "differ); pass another --results-dir or delete that run directory"
+        )
 
 
 def _flat(cfg) -> dict:

@@ -9,8 +9,9 @@ weights updated:
 and returns the loss and the number of correct predictions as device tensors: no `.item()`,
 so a GPU never waits for the host inside an epoch.
 
-Options (`train:` in conf/config.yaml), all off by default:
-    channels_last  NHWC activations and weights (faster convolutions on recent GPUs)
+Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU:
+    channels_last  NHWC activations and weights; `auto`: on the CPU, where oneDNN's convolutions
+                   and max pooling make a batch-50 step 1.4-1.7x faster (bench), off on CUDA
     amp            bfloat16 autocast (tensor cores; AMX on recent Xeons); the loss stays float32
     compile        torch.compile the model (needs a C++ compiler on the CPU)
     cuda_graph     capture the whole step as one CUDA graph and replay it (CUDA only; for small
@@ -41,7 +42,9 @@ class StepOptions:
         get = lambda key: bool(train_cfg.get(key, False))  # noqa: E731
         compile_ = get("compile")
         graph = get("cuda_graph") and device.type == "cuda" and not compile_
-        return cls(get("channels_last"), get("amp"), compile_, graph)
+        nhwc = train_cfg.get("channels_last", False)
+        nhwc = device.type == "cpu" if nhwc == "auto" else bool(nhwc)
+        return cls(nhwc, get("amp"), compile_, graph)
 
 
 def make_optimizer(
@@ -152,9 +155,7 @@ def _snapshot(step: Step) -> dict:
         **{f"d.{k}": v for k, v in step.data_norm.state_dict().items()},
     }
     momenta = {
-        id(p): s["momentum_buffer"]
-        for p, s in step.optimizer.state.items()
-        if s.get("momentum_buffer") is not None
+        id(p): s["momentum_buffer"] for p, s in step.optimizer.state.items() if s.get("momentum_buffer") is not None
     }
     return {
         "tensors": {k: v.clone() for k, v in tensors.items()},

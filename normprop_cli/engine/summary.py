@@ -21,16 +21,24 @@ def run_row(spec: RunSpec, manifest: dict | None) -> dict:
     """The columns every experiment's summary shares; errors are in percent."""
     manifest = manifest or {"status": "missing"}
     m = metrics(spec)
-    row = {"run": spec.name, "setting": spec.setting, "method": spec.cfg.model.norm, "seed": spec.seed,
-           "status": manifest.get("status"), "epochs_done": manifest.get("epochs_done", 0),
-           "device": manifest.get("device")}
+    row = {
+        "run": spec.name,
+        "setting": spec.setting,
+        "method": spec.cfg.model.norm,
+        "seed": spec.seed,
+        "status": manifest.get("status"),
+        "epochs_done": manifest.get("epochs_done", 0),
+        "device": manifest.get("device"),
+    }
     if len(m):
         best = m.loc[m["val_acc"].idxmax()]
-        row |= {"final_test_error": 100.0 - m["test_acc"].iloc[-1],
-                "final_val_error": 100.0 - m["val_acc"].iloc[-1],
-                "best_val_epoch": int(best["epoch"]),
-                "best_val_test_error": 100.0 - best["test_acc"],
-                "median_epoch_seconds": m["epoch_seconds"].median()}
+        row |= {
+            "final_test_error": 100.0 - m["test_acc"].iloc[-1],
+            "final_val_error": 100.0 - m["val_acc"].iloc[-1],
+            "best_val_epoch": int(best["epoch"]),
+            "best_val_test_error": 100.0 - best["test_acc"],
+            "median_epoch_seconds": m["epoch_seconds"].median(),
+        }
     return row
 
 

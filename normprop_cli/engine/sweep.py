@@ -34,15 +34,20 @@ def validate(spec: RunSpec) -> None:
         (0 <= float(t.momentum) < 1, f"train.momentum must be in [0, 1), got {t.momentum}"),
         (int(t.eval_batch_size) >= 1, f"train.eval_batch_size must be at least 1, got {t.eval_batch_size}"),
         (float(spec.cfg.model.width) > 0, f"model.width must be positive, got {spec.cfg.model.width}"),
-        (not (t.data_norm == "batch" and int(t.batch_size) == 1),
-         f"run {name}: batch data normalisation needs a batch of 2 or more; use train.data_norm=global "
-         "at batch size 1 (as the paper does, section 5.4)"),
+        (
+            not (t.data_norm == "batch" and int(t.batch_size) == 1),
+            f"run {name}: batch data normalisation needs a batch of 2 or more; use train.data_norm=global "
+            "at batch size 1 (as the paper does, section 5.4)",
+        ),
     ]
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    for key, known in (("model.norm", ("none", "batchnorm", "normprop")), ("train.data_norm", ("global", "batch")),
-                       ("model.jacobian", ("divide", "init", "off"))):
+    for key, known in (
+        ("model.norm", ("none", "batchnorm", "normprop")),
+        ("train.data_norm", ("global", "batch")),
+        ("model.jacobian", ("divide", "init", "off")),
+    ):
         value = OmegaConf.select(spec.cfg, key)
         if value not in known:
             raise UserError(f"{key}={value} is not known; use one of {', '.join(known)}")
@@ -50,8 +55,13 @@ def validate(spec: RunSpec) -> None:
 
 def load_data(cfg: DictConfig, device):
     try:
-        data = load_dataset(cfg.dataset.name, data_dir=cfg.data_dir, download=bool(cfg.download),
-                            split_seed=int(cfg.dataset.split_seed), limit=cfg.dataset.limit)
+        data = load_dataset(
+            cfg.dataset.name,
+            data_dir=cfg.data_dir,
+            download=bool(cfg.download),
+            split_seed=int(cfg.dataset.split_seed),
+            limit=cfg.dataset.limit,
+        )
     except DataError as exc:
         raise UserError(str(exc)) from None
     return data.to(device)
@@ -77,8 +87,9 @@ def train_one(spec: RunSpec, data, device, progress: Progress, observers: Sequen
         raise
 
 
-def run_sweep(cfg: DictConfig, specs: Sequence[RunSpec],
-              observers: Callable[[RunSpec], Sequence[Observer]] = lambda spec: ()) -> list[dict]:
+def run_sweep(
+    cfg: DictConfig, specs: Sequence[RunSpec], observers: Callable[[RunSpec], Sequence[Observer]] = lambda spec: ()
+) -> list[dict]:
     """Train every run of the grid; return their manifests.
 
     Complete and diverged runs are skipped; unfinished ones resume from their checkpoint.
@@ -127,7 +138,8 @@ def run_sweep(cfg: DictConfig, specs: Sequence[RunSpec],
                 manifests.append(train_one(spec, data, device, progress, observers(spec)))
             except KeyboardInterrupt:
                 done = (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("epochs_done", 0)
-                console.print(f"interrupted: run {spec.name} kept {done} finished epoch(s); "
-                              "run the same command again to resume")
+                console.print(
+                    f"interrupted: run {spec.name} kept {done} finished epoch(s); run the same command again to resume"
+                )
                 sys.exit(130)
     return manifests

@@ -19,15 +19,36 @@ from omegaconf import DictConfig, OmegaConf
 from normprop_cli import io
 from normprop_cli.data import Dataset, make_data_norm, to_float
 from normprop_cli.device import describe, synchronize
-from normprop_cli.engine.runs import (CHECKPOINT, CONFIG, MANIFEST, METRICS, RunSpec, check_same_config,
-                                      commit, now, read_manifest, run_dir, versions)
+from normprop_cli.engine.runs import (
+    CHECKPOINT,
+    CONFIG,
+    MANIFEST,
+    METRICS,
+    RunSpec,
+    check_same_config,
+    commit,
+    now,
+    read_manifest,
+    run_dir,
+    versions,
+)
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
-from normprop_cli.errors import UserError
 from normprop_cli.nn import NIN
 
 MODELS = {"nin": NIN}
-METRIC_COLUMNS = ["epoch", "lr", "train_loss", "train_acc", "train_seconds", "images_per_second",
-                  "val_loss", "val_acc", "test_loss", "test_acc", "epoch_seconds"]
+METRIC_COLUMNS = [
+    "epoch",
+    "lr",
+    "train_loss",
+    "train_acc",
+    "train_seconds",
+    "images_per_second",
+    "val_loss",
+    "val_acc",
+    "test_loss",
+    "test_acc",
+    "epoch_seconds",
+]
 
 
 class Observer(Protocol):
@@ -58,9 +79,14 @@ class Run:
     step: Callable | None = None  # engine.step.make_step; not part of the checkpoint
 
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "data_norm": self.data_norm.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "extra": self.extra, "epoch": self.epoch}
+        return {
+            "model": self.model.state_dict(),
+            "data_norm": self.data_norm.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "history": self.history,
+            "extra": self.extra,
+            "epoch": self.epoch,
+        }
 
     def load(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -74,8 +100,9 @@ def build_model(model_cfg: DictConfig, data: Dataset) -> torch.nn.Module:
     return MODELS[model_cfg.arch](num_classes=data.num_classes, in_channels=data.in_channels, **kwargs)
 
 
-def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Progress,
-              observers: Sequence[Observer] = ()) -> dict:
+def train_run(
+    spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer] = ()
+) -> dict:
     """Train one run to its last epoch, resuming from its checkpoint; return its manifest."""
     cfg, t = spec.cfg, spec.cfg.train
     path = run_dir(cfg, spec.name)
@@ -94,12 +121,23 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
         for o in observers:
             run.extra[o.name] += o.observe(model, eval_batches(run, data, cfg), 0)
     manifest = (manifest or {}) | {
-        "run": spec.name, "setting": spec.setting, "experiment": cfg.experiment.name,
-        "dataset": cfg.dataset.name, "preset": cfg.preset.name, "method": cfg.model.norm,
-        "seed": spec.seed, "status": "running",
-        "epochs": int(t.epochs), "epochs_done": run.epoch, "device": str(device),
-        "device_name": describe(device), "commit": commit(),
-        "versions": versions(), "host": _host(), "dataset_info": data.info}
+        "run": spec.name,
+        "setting": spec.setting,
+        "experiment": cfg.experiment.name,
+        "dataset": cfg.dataset.name,
+        "preset": cfg.preset.name,
+        "method": cfg.model.norm,
+        "seed": spec.seed,
+        "status": "running",
+        "epochs": int(t.epochs),
+        "epochs_done": run.epoch,
+        "device": str(device),
+        "device_name": describe(device),
+        "commit": commit(),
+        "versions": versions(),
+        "host": _host(),
+        "dataset_info": data.info,
+    }
     manifest.setdefault("started", now())
     manifest["resumed_from_epoch"] = run.epoch if run.epoch else None
     io.write_json(path / MANIFEST, manifest)
@@ -131,8 +169,7 @@ def train_run(spec: RunSpec, data: Dataset, device: torch.device, progress: Prog
     return manifest
 
 
-def make_run(cfg: DictConfig, data: Dataset, device: torch.device,
-             observers: Sequence[Observer] = ()) -> Run:
+def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:
     """A fresh run: the model, its data normalisation, SGD (section 4.4) and the training step."""
     t, options = cfg.train, StepOptions.from_cfg(cfg.train, device)
     model = build_model(cfg.model, data).to(device)
@@ -141,16 +178,21 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device,
     data_norm = make_data_norm(t.data_norm, data.train.x).to(device)
     optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device)
     step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options)
-    return Run(model=model, data_norm=data_norm, optimizer=optimizer, history=[],
-               extra={o.name: [] for o in observers}, step=step)
+    return Run(
+        model=model,
+        data_norm=data_norm,
+        optimizer=optimizer,
+        history=[],
+        extra={o.name: [] for o in observers},
+        step=step,
+    )
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size if batch_size > 1 else n
 
 
-def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device,
-                progress: Progress) -> dict:
+def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, progress: Progress) -> dict:
     """One pass over the training set; one host synchronisation, at the end."""
     t = cfg.train
     t0 = time.perf_counter()
@@ -167,10 +209,10 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device,
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     for step in range(steps):
-        idx = order[step * bs:(step + 1) * bs]
+        idx = order[step * bs : (step + 1) * bs]
         x = data.train.x[idx]
         if flips is not None:
-            x = torch.where(flips[step * bs:(step + 1) * bs, None, None, None], x.flip(-1), x)
+            x = torch.where(flips[step * bs : (step + 1) * bs, None, None, None], x.flip(-1), x)
         loss, right = run.step(x, data.train.y[idx])
         loss_sum += loss * len(idx)
         correct += right
@@ -179,9 +221,15 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device,
     seen = steps * bs if bs > 1 else n
     train_seconds = time.perf_counter() - t0
     loss_total, right_total = torch.stack([loss_sum.double(), correct.double()]).tolist()
-    return {"epoch": run.epoch + 1, "lr": lr, "train_loss": loss_total / seen,
-            "train_acc": 100.0 * right_total / seen, "train_seconds": train_seconds,
-            "images_per_second": seen / train_seconds, "_t0": t0}
+    return {
+        "epoch": run.epoch + 1,
+        "lr": lr,
+        "train_loss": loss_total / seen,
+        "train_acc": 100.0 * right_total / seen,
+        "train_seconds": train_seconds,
+        "images_per_second": seen / train_seconds,
+        "_t0": t0,
+    }
 
 
 def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") -> Callable[[], Iterator]:
@@ -193,7 +241,7 @@ def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") 
         run.model.eval()  # observers see the evaluation-mode model; train_epoch switches back
         run.data_norm.eval()
         for i in range(0, len(part), bs):
-            yield run.data_norm(to_float(part.x[i:i + bs])), part.y[i:i + bs]
+            yield run.data_norm(to_float(part.x[i : i + bs])), part.y[i : i + bs]
 
     return batches
 
@@ -210,14 +258,13 @@ def evaluate(run: Run, data: Dataset, cfg: DictConfig) -> dict:
         loss_sum = torch.zeros((), device=part.x.device)
         correct = torch.zeros((), device=part.x.device, dtype=torch.long)
         for i in range(0, len(part), bs):
-            logits, y = logits_of(part.x[i:i + bs]), part.y[i:i + bs]
+            logits, y = logits_of(part.x[i : i + bs]), part.y[i : i + bs]
             loss_sum += F.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         sums += [loss_sum.double(), correct.double()]
         sizes.append(max(len(part), 1))
     (vl, vc, tl, tc), (nv, nt) = torch.stack(sums).tolist(), sizes
-    return {"val_loss": vl / nv, "val_acc": 100.0 * vc / nv,
-            "test_loss": tl / nt, "test_acc": 100.0 * tc / nt}
+    return {"val_loss": vl / nv, "val_acc": 100.0 * vc / nv, "test_loss": tl / nt, "test_acc": 100.0 * tc / nt}
 
 
 def _write_tables(path: Path, run: Run) -> None:
@@ -230,4 +277,3 @@ def _host() -> str:
     import socket
 
     return socket.gethostname()
-

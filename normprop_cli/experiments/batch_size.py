@@ -33,19 +33,12 @@ def label(method: str, batch_size: int, lr: float) -> str:
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = curves.gather(
-        specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"}
-    )
+    epochs = curves.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
     if len(epochs):
         epochs.insert(
             6,
             "label",
-            [
-                label(*r)
-                for r in zip(
-                    epochs["method"], epochs["batch_size"], epochs["initial_lr"], strict=True
-                )
-            ],
+            [label(*r) for r in zip(epochs["method"], epochs["batch_size"], epochs["initial_lr"], strict=True)],
         )
     curves.write(cfg, "epochs", epochs)
     curves.write(cfg, "curves", curves.curves(epochs, KEYS))
@@ -75,9 +68,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, method, batch_size, _, text), c), dodge in zip(
-        groups, curves.dodges(len(groups)), strict=True
-    ):
+    for ((_, method, batch_size, _, text), c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
         if method == "normprop":
             style = {"color": f"C{normprop_sizes.index(batch_size)}"}
         else:
@@ -93,8 +84,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     last = curves.last_epoch(curve, KEYS)
     rows = [
         {
-            "quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] "
-            f"at epoch {int(r['epoch'])}, {r['label']}",
+            "quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}, {r['label']}",
             "reproduced": curves.format_ci(r["mean"], r["ci_low"], r["ci_high"]),
             "paper": "",
         }
@@ -106,8 +96,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         spread = normprop["mean"].max() - normprop["mean"].min()
         rows.append(
             {
-                "quantity": "NormProp: best batch size by final accuracy; "
-                "spread over batch sizes (pp)",
+                "quantity": "NormProp: best batch size by final accuracy; spread over batch sizes (pp)",
                 "reproduced": f"batch {int(best['batch_size'])}; {spread:.2f}",
                 "paper": cfg.experiment.paper_claim,
             }

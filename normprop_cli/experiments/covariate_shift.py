@@ -50,9 +50,7 @@ class UnitProbe:
         return tuple(int(rng.integers(size)) for size in shape)
 
     @torch.no_grad()
-    def observe(
-        self, model: torch.nn.Module, batches: Callable[[], Iterator], epoch: int
-    ) -> list[dict]:
+    def observe(self, model: torch.nn.Module, batches: Callable[[], Iterator], epoch: int) -> list[dict]:
         acc: dict[int, dict] = {}
 
         def hook(layer):
@@ -70,9 +68,7 @@ class UnitProbe:
             return record
 
         layers = model.hidden_layers()[FIRST_LAYER - 1 :]
-        handles = [
-            m.register_forward_pre_hook(hook(k)) for k, m in enumerate(layers, start=FIRST_LAYER)
-        ]
+        handles = [m.register_forward_pre_hook(hook(k)) for k, m in enumerate(layers, start=FIRST_LAYER)]
         training = model.training
         model.eval()
         try:
@@ -139,16 +135,12 @@ def plot(cfg: DictConfig) -> list[Path]:
     stats = curves.read(cfg, "unit_stats")
     layers = sorted(stats["layer"].unique())
     first_seed = stats["seed"].min()
-    fig, axes = plt.subplots(
-        2, (len(layers) + 1) // 2, figsize=(13, 5.8), sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(2, (len(layers) + 1) // 2, figsize=(13, 5.8), sharex=True, squeeze=False)
     handles = {}
     for ax, layer in zip(axes.flat, layers, strict=False):
         ax.axhline(0.0, color="0.6", linewidth=0.6, linestyle=":")
         right = None
-        for (method, seed), g in stats[stats["layer"] == layer].groupby(
-            ["method", "seed"], sort=False
-        ):
+        for (method, seed), g in stats[stats["layer"] == layer].groupby(["method", "seed"], sort=False):
             if method == "none":
                 right = right or ax.twinx()
             first = seed == first_seed
@@ -163,9 +155,7 @@ def plot(cfg: DictConfig) -> list[Path]:
                 linestyle="--" if method == "none" else "-",
             )
             where = " (right axis)" if method == "none" else ""
-            handles.setdefault(
-                f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}", line
-            )
+            handles.setdefault(f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}", line)
         if right is not None:
             right.tick_params(axis="y", colors=curves.METHOD_COLORS["none"], labelsize=7)
             _readable(right)
@@ -196,8 +186,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     fig.suptitle(
         curves.title(
             cfg,
-            "Fig. 2: mean over the test set of the input to one fixed unit per "
-            f"hidden layer{seeds}",
+            f"Fig. 2: mean over the test set of the input to one fixed unit per hidden layer{seeds}",
         ),
         fontsize=10,
     )
@@ -228,8 +217,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         per_run = g.assign(a=g["final_mean"].abs()).groupby("run")["a"].mean()
         rows.append(
             {
-                "quantity": f"average |final mean| of the probed inputs, layers 2-9, "
-                f"{curves.method_label(method)}",
+                "quantity": f"average |final mean| of the probed inputs, layers 2-9, {curves.method_label(method)}",
                 "reproduced": round(float(per_run.mean()), 3),
                 "paper": paper_avg.get(method, ""),
             }

@@ -37,9 +37,7 @@ def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
 
 
-def gather(
-    specs: Sequence[RunSpec], name: str = "metrics", columns: Mapping[str, str] = {}
-) -> pd.DataFrame:
+def gather(specs: Sequence[RunSpec], name: str = "metrics", columns: Mapping[str, str] = {}) -> pd.DataFrame:
     """Every run's `runs/<run>/<name>.csv` (its metrics, or an Observer's rows) in one long table,
     with the run's name, setting, method and seed, and `columns` = {column: dotted config key}."""
     frames = []
@@ -67,9 +65,7 @@ def curves(epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc") -
         dict(zip(keys, group, strict=True)) | {"epoch": int(epoch)} | mean_ci(g[value])
         for (*group, epoch), g in epochs.groupby([*keys, "epoch"], sort=False)
     ]
-    return pd.DataFrame(rows, columns=[*keys, *CURVE_COLUMNS]).sort_values(
-        [*keys, "epoch"], kind="stable"
-    )
+    return pd.DataFrame(rows, columns=[*keys, *CURVE_COLUMNS]).sort_values([*keys, "epoch"], kind="stable")
 
 
 def last_epoch(curve: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -77,9 +73,7 @@ def last_epoch(curve: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return curve.sort_values("epoch").groupby(list(keys), sort=False).tail(1)
 
 
-def plot_curve(
-    ax, curve: pd.DataFrame, label: str, band: bool = False, dodge: float = 0.0, **style
-) -> None:
+def plot_curve(ax, curve: pd.DataFrame, label: str, band: bool = False, dodge: float = 0.0, **style) -> None:
     """One mean-over-seeds curve; caps on the markers show the 95% interval (Figs. 3, 4), or a
     shaded band. Where n = 1 there is no interval and only the line is drawn. `dodge` shifts the
     epochs a little so that the caps of several curves do not hide each other."""

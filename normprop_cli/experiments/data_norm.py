@@ -67,9 +67,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     sizes = sorted(curve["batch_size"].unique())
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, data_norm, batch_size, lr), c), dodge in zip(
-        groups, curves.dodges(len(groups)), strict=True
-    ):
+    for ((_, data_norm, batch_size, lr), c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
         curves.plot_curve(
             ax,
             c,
@@ -80,9 +78,7 @@ def plot(cfg: DictConfig) -> list[Path]:
             marker="o" if data_norm == "batch" else "s",
         )
     paper = cfg.experiment.paper_best_test_acc
-    ax.axhline(
-        paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)"
-    )
+    ax.axhline(paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)")
     curves.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
     return curves.save(fig, cfg, "data_norm")
 
@@ -92,9 +88,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     summary = curves.read(cfg, "summary")
     if "best_test_acc" not in summary:
         return []
-    best = (
-        summary.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
-    )
+    best = summary.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
     paper_setting = tuple(cfg.experiment.paper_best_setting.values())
     paper_text = f"{cfg.experiment.paper_best_test_acc} ({label(*paper_setting)})"
     (top_norm, top_bs, top_lr), top = best.index[0], best.iloc[0]
@@ -106,11 +100,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         }
     ]
     for (data_norm, batch_size, lr), value in best.sort_index().items():
-        paper = (
-            cfg.experiment.paper_best_test_acc
-            if (data_norm, batch_size, lr) == paper_setting
-            else ""
-        )
+        paper = cfg.experiment.paper_best_test_acc if (data_norm, batch_size, lr) == paper_setting else ""
         rows.append(
             {
                 "quantity": f"best test accuracy (%), {label(data_norm, batch_size, lr)}",

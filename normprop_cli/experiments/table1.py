@@ -16,7 +16,7 @@ def run(cfg: DictConfig) -> Path:
     manifests = run_sweep(cfg, specs)
     paper = cfg.experiment.paper_test_error.get(cfg.dataset.name, {})
     rows = []
-    for spec, manifest in zip(specs, manifests):
+    for spec, manifest in zip(specs, manifests, strict=True):
         augment = "flip" if spec.cfg.train.augment else "none"
         row = run_row(spec, manifest) | {"augment": augment}
         row["paper_test_error"] = paper.get(spec.cfg.model.norm, {}).get(augment)
@@ -32,9 +32,13 @@ def headlines(cfg: DictConfig) -> list[dict]:
     rows = []
     for (method, augment), g in summary.groupby(["method", "augment"], sort=False):
         done = g[g["status"] == "complete"]
-        rows.append({"quantity": f"test error % ({method}, augmentation {augment}, {len(done)} seed(s))",
-                     "reproduced": done["final_test_error"].mean() if len(done) else "diverged",
-                     "paper": g["paper_test_error"].iloc[0]})
+        rows.append(
+            {
+                "quantity": f"test error % ({method}, augmentation {augment}, {len(done)} seed(s))",
+                "reproduced": done["final_test_error"].mean() if len(done) else "diverged",
+                "paper": g["paper_test_error"].iloc[0],
+            }
+        )
     return rows
 
 
@@ -50,15 +54,27 @@ def plot(cfg: DictConfig) -> list[Path]:
     groups = list(summary.groupby(["method", "augment"], sort=False))
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups), 3.4))
     labelled = set()
-    for i, ((method, augment), g) in enumerate(groups):
+    for i, ((method, _augment), g) in enumerate(groups):
         ax.bar(i - 0.18, g["final_test_error"].mean(), width=0.36, color="C0" if method == "normprop" else "C1")
-        ax.scatter([i - 0.18] * len(g), g["final_test_error"], color="k", s=10, zorder=3,
-                   label=None if "seed" in labelled else "reproduced, one seed")
+        ax.scatter(
+            [i - 0.18] * len(g),
+            g["final_test_error"],
+            color="k",
+            s=10,
+            zorder=3,
+            label=None if "seed" in labelled else "reproduced, one seed",
+        )
         labelled.add("seed")
         paper = g["paper_test_error"].dropna()
         if len(paper):
-            ax.bar(i + 0.18, paper.iloc[0], width=0.36, color="0.75", hatch="//",
-                   label=None if "paper" in labelled else "paper")
+            ax.bar(
+                i + 0.18,
+                paper.iloc[0],
+                width=0.36,
+                color="0.75",
+                hatch="//",
+                label=None if "paper" in labelled else "paper",
+            )
             labelled.add("paper")
     ax.set_xticks(range(len(groups)), [f"{m}\n{a}" for (m, a), _ in groups])
     ax.set_ylabel("test error (%)")

@@ -153,9 +153,7 @@ def activation_table(cfg: DictConfig) -> pd.DataFrame:
 
     # Remark 1 (ReLU), Remark 2 (PReLU over slopes), eq. 12 numerically (tanh, sigmoid)
     named = [("relu", None, torch.relu, relu_stats(), (0.0,))]
-    named += [
-        ("prelu", float(a), _prelu(float(a)), prelu_stats(float(a)), (0.0,)) for a in t.prelu_slopes
-    ]
+    named += [("prelu", float(a), _prelu(float(a)), prelu_stats(float(a)), (0.0,)) for a in t.prelu_slopes]
     symmetric = {"tanh": {"mean": 0.0}, "sigmoid": {"mean": 0.5}}  # odd f; f(x) - 1/2 odd (note)
     named += [
         (name, None, ACTIVATIONS[name].fn, symmetric[name], ACTIVATIONS[name].breakpoints)
@@ -174,16 +172,12 @@ def activation_table(cfg: DictConfig) -> pd.DataFrame:
         mc, se = monte_carlo(_moments_stat, (windows.amax(1),), batches)
         rows += _rows("pooling", f"max {k}x{k}", float(k), {}, mx._asdict(), mc, se)
         mc, se = monte_carlo(_moments_stat, (windows.mean(1),), batches)
-        rows += _rows(
-            "pooling", f"avg {k}x{k}", float(k), avgpool_stats(k * k)._asdict(), {}, mc, se
-        )
+        rows += _rows("pooling", f"avg {k}x{k}", float(k), avgpool_stats(k * k)._asdict(), {}, mc, se)
 
     # Dropout keeping with probability p (the note's section 5)
     for p in t.dropout_keep:
         d = dropout_scale(float(p))
-        kept = x * (
-            torch.rand(n, generator=torch.Generator().manual_seed(cfg.seed + 100), dtype=F64) < p
-        )
+        kept = x * (torch.rand(n, generator=torch.Generator().manual_seed(cfg.seed + 100), dtype=F64) < p)
         for name, y, std in (
             ("no rescale", kept, d.masked_std),
             ("1/p", kept / p, d.inverted_std),
@@ -255,9 +249,7 @@ def jacobian_tables(cfg: DictConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
                 }
             )
             spectra[mode] = sv
-        edges = np.linspace(
-            0.0, max(s.max() for s in spectra.values()) * 1.001, int(t.histogram_bins) + 1
-        )
+        edges = np.linspace(0.0, max(s.max() for s in spectra.values()) * 1.001, int(t.histogram_bins) + 1)
         for mode, sv in spectra.items():
             counts, _ = np.histogram(sv, edges)
             hist += [
@@ -276,9 +268,7 @@ def jacobian_tables(cfg: DictConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ---- 3. Proposition 1: the canonical error bound (eq. 3, proof eq. 16-19) ------------------------
 
 
-def prop1_matrix(
-    structure: str, rho: float | None, norms: str, m: int, n: int, rng: np.random.Generator
-) -> np.ndarray:
+def prop1_matrix(structure: str, rho: float | None, norms: str, m: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """m x n weights: rows with a given coherence structure, then scaled to the given norms."""
     if structure == "glorot":  # section 4.2: row norms ~ sqrt(2n / (m + n)), left as they are
         a = math.sqrt(6.0 / (m + n))
@@ -320,9 +310,7 @@ def prop1_row(w: np.ndarray, sigma: float, cov_x: np.ndarray) -> dict:
         diff = cov - np.diag(alpha)
         return (diff**2).sum(), -2.0 * np.diag(diff)
 
-    opt = minimize(
-        objective, np.zeros(m), jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-12}
-    )
+    opt = minimize(objective, np.zeros(m), jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-12})
     empirical = sigma**2 * (w @ cov_x @ w.T)
     fails = lambda bound: bool(bound < exact * (1 - 1e-9) - 1e-12)  # noqa: E731
     return {
@@ -354,8 +342,7 @@ def proposition1_table(cfg: DictConfig) -> pd.DataFrame:
     cases = [("glorot", None, "glorot")]
     cases += [
         (s, rho, str(norm))
-        for s, rho in [("gaussian", None), ("orthonormal", None)]
-        + [("common", float(r)) for r in t.prop1_rhos]
+        for s, rho in [("gaussian", None), ("orthonormal", None)] + [("common", float(r)) for r in t.prop1_rhos]
         for norm in t.prop1_row_norms
     ]
     rows = []
@@ -391,9 +378,7 @@ def _plain_fc(width: int) -> nn.Module:
 
 def fc_net(method: str, jacobian: str, depth: int, width: int) -> list[tuple[str, nn.Module]]:
     if method == "normprop":
-        return [
-            (f"fc{i + 1}", NormPropLinear(width, width, jacobian=jacobian)) for i in range(depth)
-        ]
+        return [(f"fc{i + 1}", NormPropLinear(width, width, jacobian=jacobian)) for i in range(depth)]
     return [(f"fc{i + 1}", _plain_fc(width)) for i in range(depth)]
 
 
@@ -450,10 +435,7 @@ def propagation_table(cfg: DictConfig) -> pd.DataFrame:
     for method, jacobian in settings:
         with seeded(cfg.seed):
             layers = fc_net(method, jacobian or "off", int(t.depth), int(t.width))
-        rows += [
-            {"net": "fc", "method": method, "jacobian": jacobian} | r
-            for r in trace(layers, x, band)
-        ]
+        rows += [{"net": "fc", "method": method, "jacobian": jacobian} | r for r in trace(layers, x, band)]
     x = normal((int(t.nin_batch), 3, 32, 32), cfg.seed + 4, torch.float32)
     for method, jacobian in settings:
         with seeded(cfg.seed):
@@ -488,34 +470,61 @@ def run(cfg: DictConfig) -> Path:
 def headlines(cfg: DictConfig) -> list[dict]:
     """The constants, the Jacobian, Proposition 1 and propagation, beside the paper's claims."""
     out = out_dir(cfg)
-    stats, jac, prop, propagation = (read_csv(out / f"{name}.csv", "normprop run theory")
-                                     for name in ("activation_stats", "jacobian", "proposition1",
-                                                  "propagation"))
+    stats, jac, prop, propagation = (
+        read_csv(out / f"{name}.csv", "normprop run theory")
+        for name in ("activation_stats", "jacobian", "proposition1", "propagation")
+    )
     relu = stats[(stats["quantity"] == "activation") & (stats["name"] == "relu")].set_index("statistic")
-    rows = [{"quantity": "E[ReLU(X)], X ~ N(0,1) (Remark 1)", "reproduced": relu.loc["mean", "quadrature"],
-             "paper": 1 / math.sqrt(2 * math.pi)},
-            {"quantity": "std ReLU(X) (Remark 1)", "reproduced": relu.loc["std", "quadrature"],
-             "paper": math.sqrt((1 - 1 / math.pi) / 2)},
-            {"quantity": "Jacobian factor, ReLU (section 3.4)", "reproduced": relu.loc["jacobian_factor", "quadrature"],
-             "paper": 1.21}]
+    rows = [
+        {
+            "quantity": "E[ReLU(X)], X ~ N(0,1) (Remark 1)",
+            "reproduced": relu.loc["mean", "quadrature"],
+            "paper": 1 / math.sqrt(2 * math.pi),
+        },
+        {
+            "quantity": "std ReLU(X) (Remark 1)",
+            "reproduced": relu.loc["std", "quadrature"],
+            "paper": math.sqrt((1 - 1 / math.pi) / 2),
+        },
+        {
+            "quantity": "Jacobian factor, ReLU (section 3.4)",
+            "reproduced": relu.loc["jacobian_factor", "quadrature"],
+            "paper": 1.21,
+        },
+    ]
     for mode, paper in (("off", 1.21), ("divide", "1 (the aim of the factor)")):
         row = jac[(jac["activation"] == "relu") & (jac["jacobian"] == mode)]
         if len(row):
-            rows.append({"quantity": f"RMS singular value of a ReLU layer's Jacobian, factor {mode}",
-                         "reproduced": row["sv_rms"].iloc[0], "paper": paper})
-    rows.append({"quantity": "Prop. 1 cases where the printed bound is undefined / fails / the corrected one fails",
-                 "reproduced": f"{int(prop['printed_undefined'].sum())} / {int(prop['printed_fails'].sum())} / "
-                               f"{int(prop['corrected_fails'].sum())} of {len(prop)}", "paper": "0 / 0 (claimed)"})
-    fc = propagation[(propagation["net"] == "fc") & (propagation["method"] == "normprop")
-                     & (propagation["quantity"] == "output")]
+            rows.append(
+                {
+                    "quantity": f"RMS singular value of a ReLU layer's Jacobian, factor {mode}",
+                    "reproduced": row["sv_rms"].iloc[0],
+                    "paper": paper,
+                }
+            )
+    rows.append(
+        {
+            "quantity": "Prop. 1 cases where the printed bound is undefined / fails / the corrected one fails",
+            "reproduced": f"{int(prop['printed_undefined'].sum())} / {int(prop['printed_fails'].sum())} / "
+            f"{int(prop['corrected_fails'].sum())} of {len(prop)}",
+            "paper": "0 / 0 (claimed)",
+        }
+    )
+    fc = propagation[
+        (propagation["net"] == "fc") & (propagation["method"] == "normprop") & (propagation["quantity"] == "output")
+    ]
     for mode, g in fc.groupby("jacobian"):
         inside = g.sort_values("layer")["in_band"].astype(bool).tolist()
         first_out = inside.index(False) + 1 if False in inside else None
-        rows.append({"quantity": f"deep random NormProp net (factor {mode}): layers within 0±{cfg.theory.band} "
-                                 f"mean, 1±{cfg.theory.band} std",
-                     "reproduced": f"{sum(inside)} of {len(inside)}"
-                                   + (f" (first outside: layer {first_out})" if first_out else ""),
-                     "paper": "all (section 3.3)"})
+        rows.append(
+            {
+                "quantity": f"deep random NormProp net (factor {mode}): layers within 0±{cfg.theory.band} "
+                f"mean, 1±{cfg.theory.band} std",
+                "reproduced": f"{sum(inside)} of {len(inside)}"
+                + (f" (first outside: layer {first_out})" if first_out else ""),
+                "paper": "all (section 3.3)",
+            }
+        )
     return rows
 
 
@@ -555,9 +564,7 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 def _fig_activation_stats(plt, tables, cfg):
     df = tables["activation_stats"]
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [1, 1.15]}
-    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [1, 1.15]})
     prelu = df[df["name"] == "prelu"].sort_values("param")
     for statistic, color in (("mean", "C0"), ("std", "C1"), ("jacobian_factor", "C2")):
         s = prelu[prelu["statistic"] == statistic]
@@ -587,14 +594,11 @@ def _fig_activation_stats(plt, tables, cfg):
 
     rest = df[~df["name"].isin(["relu", "prelu"])].reset_index(drop=True)
     labels = [
-        (f"dropout p={r['param']:g}, {r['name']}" if r["quantity"] == "dropout" else r["name"])
-        + f":  {r['statistic']}"
+        (f"dropout p={r['param']:g}, {r['name']}" if r["quantity"] == "dropout" else r["name"]) + f":  {r['statistic']}"
         for _, r in rest.iterrows()
     ]
     y = np.arange(len(rest))[::-1]
-    right.scatter(
-        rest["closed_form"], y, marker="|", s=300, color="k", label="closed form", zorder=3
-    )
+    right.scatter(rest["closed_form"], y, marker="|", s=300, color="k", label="closed form", zorder=3)
     right.scatter(
         rest["quadrature"],
         y,
@@ -605,12 +609,8 @@ def _fig_activation_stats(plt, tables, cfg):
         label="quadrature",
         zorder=3,
     )
-    right.scatter(
-        rest["monte_carlo"], y, marker="x", s=30, color="C3", label="Monte Carlo", zorder=3
-    )
-    right.scatter(
-        rest["published"], y, marker="D", s=18, color="0.6", label="printed (paper, note)"
-    )
+    right.scatter(rest["monte_carlo"], y, marker="x", s=30, color="C3", label="Monte Carlo", zorder=3)
+    right.scatter(rest["published"], y, marker="D", s=18, color="0.6", label="printed (paper, note)")
     right.set_yticks(y, labels, fontsize=8)
     right.grid(axis="x", color="0.9")
     right.set_xlabel("value")
@@ -681,8 +681,7 @@ def _fig_proposition1(plt, tables, cfg):
     ms = list(dict.fromkeys(df["m"]))
     first = df[df["m"] == ms[0]]
     labels = [
-        c if n == "glorot" else f"{c}, |W_i| = {n}"
-        for c, n in zip(first["case"], first["row_norms"], strict=True)
+        c if n == "glorot" else f"{c}, |W_i| = {n}" for c, n in zip(first["case"], first["row_norms"], strict=True)
     ]
     fig, axes = plt.subplots(
         1,
@@ -762,11 +761,7 @@ def _fig_propagation(plt, tables, cfg):
     for row, net in zip(axes, nets, strict=True):
         d = df[df["net"] == net]
         for (method, jacobian), g in d.groupby(["method", "jacobian"], sort=False, dropna=False):
-            label = (
-                f"normprop, jacobian={jacobian}"
-                if method == "normprop"
-                else f"{method} (plain, Glorot)"
-            )
+            label = f"normprop, jacobian={jacobian}" if method == "normprop" else f"{method} (plain, Glorot)"
             color = MODE_COLORS.get(jacobian, "0.2") if method == "normprop" else "C1"
             for quantity, style in (("output", "-o"), ("pre_activation", ":")):
                 q = g[g["quantity"] == quantity]

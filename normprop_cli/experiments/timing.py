@@ -120,9 +120,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         hatch="//",
         label="paper (GTX Titan X, CIFAR-10)",
     )
-    for i, (mine, paper) in enumerate(
-        zip(table["median_epoch_seconds"], table["paper_seconds"], strict=True)
-    ):
+    for i, (mine, paper) in enumerate(zip(table["median_epoch_seconds"], table["paper_seconds"], strict=True)):
         ax.annotate(f"{mine:.3g}", (i - 0.2, mine), ha="center", va="bottom", fontsize=7)
         if math.isfinite(paper):
             ax.annotate(f"{paper:g}", (i + 0.2, paper), ha="center", va="bottom", fontsize=7)

@@ -52,9 +52,7 @@ class NormPropLayer(nn.Module):
     below, which autocast and the compiler handle.
     """
 
-    def __init__(
-        self, out_features: int, activation: str | None, jacobian: str, prelu_init: float
-    ) -> None:
+    def __init__(self, out_features: int, activation: str | None, jacobian: str, prelu_init: float) -> None:
         super().__init__()
         if jacobian not in JACOBIAN_MODES:
             raise ValueError(f"jacobian must be one of {JACOBIAN_MODES}, got {jacobian!r}")
@@ -152,9 +150,7 @@ class NormPropLayer(nn.Module):
             u = self._op(x, self.weight * self._per_filter(scale), self.beta / c1)
             return F.prelu(u, self.slope) - c2 / c1
         scale = self.gamma / (f * norm)  # eq. 11 with any activation (section 4.6)
-        a = ACTIVATIONS[self.activation].fn(
-            self._op(x, self.weight * self._per_filter(scale), self.beta)
-        )
+        a = ACTIVATIONS[self.activation].fn(self._op(x, self.weight * self._per_filter(scale), self.beta))
         return (a - c2) * (1.0 / c1)
 
     def extra_repr(self) -> str:
@@ -311,9 +307,7 @@ def reference_forward(layer: NormPropLayer, x: Tensor) -> Tensor:
     st = layer.stats()
     wx = layer._op(x, layer.weight, None)  # W_i * x
     shape = (1, -1) + (1,) * (wx.ndim - 2)
-    z = layer.gamma.view(shape) * wx / (
-        layer.divisor() * layer.filter_norms().view(shape)
-    ) + layer.beta.view(shape)
+    z = layer.gamma.view(shape) * wx / (layer.divisor() * layer.filter_norms().view(shape)) + layer.beta.view(shape)
     if layer.activation == "prelu":
         a = F.prelu(z, layer.slope)  # eq. 13
     else:
@@ -331,7 +325,5 @@ def constrain_unit_norm_(model: nn.Module) -> None:
     """
     weights = [m.weight for m in model.modules() if isinstance(m, NormPropLayer)]
     if weights:
-        norms = [
-            torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim)), keepdim=True) for w in weights
-        ]
+        norms = [torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim)), keepdim=True) for w in weights]
         torch._foreach_div_(weights, norms)

@@ -27,8 +27,10 @@ def test_every_experiment_yaml_has_a_runner():
     assert set(config.options("experiment")) == set(RUNNERS)
 
 
-@pytest.mark.parametrize("experiment,preset,dataset", list(itertools.product(
-    config.options("experiment"), config.options("preset"), config.options("dataset"))))
+@pytest.mark.parametrize(
+    "experiment,preset,dataset",
+    list(itertools.product(config.options("experiment"), config.options("preset"), config.options("dataset"))),
+)
 def test_every_yaml_composes(experiment, preset, dataset):
     cfg = config.load(experiment, preset=preset, dataset=dataset)
     assert cfg.experiment.name == experiment
@@ -36,17 +38,20 @@ def test_every_yaml_composes(experiment, preset, dataset):
     assert cfg.preset.name == preset
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["run", "no-such-experiment"], "unknown experiment"),
-    (["run", "table1", "--preset", "fast"], "unknown preset"),
-    (["run", "table1", "--dataset", "mnist"], "unknown dataset"),
-    (["run", "table1", "train.epochs=[1"], "bad override"),
-    (["run", "table1", "no.such.key=1"], "bad override"),
-    (["run", "table1", "--preset", "smoke", "train.batch_size=0"], "batch_size"),
-    (["run", "table1", "--preset", "smoke", "train.lr=-0.1"], "train.lr"),
-    (["run", "table1", "--preset", "smoke", "--seeds", "0"], "--seeds"),
-    (["run", "table1", "--preset", "smoke", "--device", "tpu"], "device"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "no-such-experiment"], "unknown experiment"),
+        (["run", "table1", "--preset", "fast"], "unknown preset"),
+        (["run", "table1", "--dataset", "mnist"], "unknown dataset"),
+        (["run", "table1", "train.epochs=[1"], "bad override"),
+        (["run", "table1", "no.such.key=1"], "bad override"),
+        (["run", "table1", "--preset", "smoke", "train.batch_size=0"], "batch_size"),
+        (["run", "table1", "--preset", "smoke", "train.lr=-0.1"], "train.lr"),
+        (["run", "table1", "--preset", "smoke", "--seeds", "0"], "--seeds"),
+        (["run", "table1", "--preset", "smoke", "--device", "tpu"], "device"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, args, needle):
     result = cli(*args, "--results-dir", cli.results)
     assert result.exit_code == 2
@@ -57,8 +62,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, args, needle):
 
 def test_missing_data_dir_names_files_directory_and_download(cli, tmp_path):
     missing = tmp_path / "nowhere"
-    result = cli("run", "table1", "--preset", "smoke", "--dataset", "cifar10", "--data-dir", missing,
-                 "--results-dir", cli.results)
+    result = cli(
+        "run",
+        "table1",
+        "--preset",
+        "smoke",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        missing,
+        "--results-dir",
+        cli.results,
+    )
     assert result.exit_code == 2
     line = result.output.strip()
     assert "\n" not in line and "--download" in line and "nowhere" in line and "data_batch_1" in line

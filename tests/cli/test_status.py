@@ -2,8 +2,10 @@
 
 import json
 
-GRID = ("grid=[{id: a, set: {model.norm: normprop}}, {id: b, set: {model.norm: batchnorm}}, "
-        "{id: c, set: {model.norm: none}}, {id: d, set: {model.norm: normprop, train.lr: 1.0}}]")
+GRID = (
+    "grid=[{id: a, set: {model.norm: normprop}}, {id: b, set: {model.norm: batchnorm}}, "
+    "{id: c, set: {model.norm: none}}, {id: d, set: {model.norm: normprop, train.lr: 1.0}}]"
+)
 ARGS = ["table1", "--preset", "smoke", "train.epochs=3", GRID]
 
 
@@ -20,8 +22,16 @@ def line_of(output, run):
 
 def test_status_shows_every_run_with_its_state_epochs_and_where_it_ran(cli):
     # a is missing; b was stopped in its second epoch on a cluster node; c is done; d diverged.
-    write_manifest(cli.results, "b-s0", status="running", epochs_done=1, epochs=3, host="node7",
-                   device="cuda", updated="2024-05-01T10:00:00+0000")
+    write_manifest(
+        cli.results,
+        "b-s0",
+        status="running",
+        epochs_done=1,
+        epochs=3,
+        host="node7",
+        device="cuda",
+        updated="2024-05-01T10:00:00+0000",
+    )
     laptop = {"epochs": 3, "host": "laptop", "device": "cpu"}
     write_manifest(cli.results, "c-s0", status="complete", epochs_done=3, **laptop)
     write_manifest(cli.results, "d-s0", status="diverged", epochs_done=1, **laptop)
@@ -44,10 +54,30 @@ def test_status_shows_every_run_with_its_state_epochs_and_where_it_ran(cli):
 def test_status_of_a_run_that_trained_names_its_host_and_device(cli):
     import socket
 
-    assert cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1",
-               "grid=[{id: a, set: {model.norm: normprop}}]", "--results-dir", cli.results).exit_code == 0
-    result = cli("status", "table1", "--preset", "smoke", "train.epochs=1",
-                 "grid=[{id: a, set: {model.norm: normprop}}]", "--results-dir", cli.results)
+    assert (
+        cli(
+            "run",
+            "table1",
+            "--preset",
+            "smoke",
+            "--quiet",
+            "train.epochs=1",
+            "grid=[{id: a, set: {model.norm: normprop}}]",
+            "--results-dir",
+            cli.results,
+        ).exit_code
+        == 0
+    )
+    result = cli(
+        "status",
+        "table1",
+        "--preset",
+        "smoke",
+        "train.epochs=1",
+        "grid=[{id: a, set: {model.norm: normprop}}]",
+        "--results-dir",
+        cli.results,
+    )
     line = line_of(result.output, "a-s0")
     assert result.exit_code == 0 and "complete" in line and "1/1" in line and "cpu" in line
     assert socket.gethostname()[:8] in result.output

@@ -46,9 +46,7 @@ def write_cifar10():
             }
             _pickle(d / name, entry, bytes_keys)
             written["test" if name == "test_batch" else "train"].append((x, y))
-        return {
-            k: tuple(np.concatenate(p) for p in zip(*v, strict=True)) for k, v in written.items()
-        }
+        return {k: tuple(np.concatenate(p) for p in zip(*v, strict=True)) for k, v in written.items()}
 
     return write
 

@@ -7,9 +7,7 @@ from normprop_cli.data import epoch_batches, flip_batch, flip_mask
 
 
 def images(n=16):
-    return torch.randint(0, 256, (n, 3, 32, 32), generator=torch.Generator().manual_seed(1)).to(
-        torch.uint8
-    )
+    return torch.randint(0, 256, (n, 3, 32, 32), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
 
 
 def test_flip_batch_flips_exactly_the_masked_images():

@@ -86,9 +86,7 @@ def test_cifar100_uses_fine_labels(tmp_path, write_cifar100):
     check_split_types(ds, 100)
     assert (len(ds.train), len(ds.val), len(ds.test)) == (180, 20, 40)
     assert torch.equal(ds.test.y, torch.from_numpy(written["test"][1]))
-    assert set(image_keys(ds.train.x)) | set(image_keys(ds.val.x)) == set(
-        image_keys(written["train"][0])
-    )
+    assert set(image_keys(ds.train.x)) | set(image_keys(ds.val.x)) == set(image_keys(written["train"][0]))
 
 
 # --- SVHN -----------------------------------------------------------------------------
@@ -258,9 +256,7 @@ def test_failed_download_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setattr(torchvision.datasets, "CIFAR100", OfflineCIFAR100)
     with pytest.raises(DataError) as exc:
         load_dataset("cifar100", data_dir=tmp_path, download=True)
-    assert_one_line_error(
-        exc, "download", "URLError", "train", "test", tmp_path / "cifar-100-python"
-    )
+    assert_one_line_error(exc, "download", "URLError", "train", "test", tmp_path / "cifar-100-python")
 
 
 def test_available_datasets(tmp_path, write_cifar10):

@@ -85,8 +85,7 @@ def by_value():
 
 def test_a_killed_workers_run_resumes_through_the_local_executor(cli, sequential, by_value, capsys):
     only_a = ["train.epochs=2", "grid=[{id: a, set: {model.norm: normprop}}]"]
-    cfg = config.load("table1", preset="smoke", overrides=only_a, results_dir=cli.results, jobs=2,
-                      quiet=True)
+    cfg = config.load("table1", preset="smoke", overrides=only_a, results_dir=cli.results, jobs=2, quiet=True)
     with pytest.raises(SystemExit) as stopped:  # the worker dies in epoch 2, before its checkpoint
         run_sweep(cfg, expand_grid(cfg), observers=lambda spec: [KillAfterEpoch(2)])
     assert stopped.value.code == 1 and "died (exit code -9)" in capsys.readouterr().err
@@ -94,8 +93,7 @@ def test_a_killed_workers_run_resumes_through_the_local_executor(cli, sequential
     killed = json.loads(manifest.read_text())
     assert killed["status"] == "running" and killed["epochs_done"] == 1
 
-    result = cli("run", "table1", "--preset", "smoke", *only_a, "--launcher", "local",
-                 "--results-dir", cli.results)
+    result = cli("run", "table1", "--preset", "smoke", *only_a, "--launcher", "local", "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     resumed = json.loads(manifest.read_text())
     assert resumed["status"] == "complete" and resumed["resumed_from_epoch"] == 1
@@ -111,8 +109,7 @@ def fake_slurm(tmp_path, monkeypatch):
     bin_dir.mkdir()
     calls.mkdir()
     scripts = {
-        "sbatch": f'n=$(ls "{calls}" | wc -l)\ncp "$1" "{calls}/$n.sh"\n'
-                  'echo "Submitted batch job $((4242 + n))"',
+        "sbatch": f'n=$(ls "{calls}" | wc -l)\ncp "$1" "{calls}/$n.sh"\necho "Submitted batch job $((4242 + n))"',
         "srun": "exit 0",
         "sacct": f'echo "JobID|State|NodeList"\ncat "{tmp_path}/sacct.txt" 2>/dev/null || true',
     }
@@ -124,8 +121,16 @@ def fake_slurm(tmp_path, monkeypatch):
 
 
 def test_slurm_submits_a_job_array_of_the_runs_not_complete_and_not_running(cli, tmp_path, fake_slurm):
-    args = ["run", *SMOKE, "--launcher", "slurm", "launcher.partition=gpu", "launcher.timeout_min=30",
-            "--results-dir", cli.results]
+    args = [
+        "run",
+        *SMOKE,
+        "--launcher",
+        "slurm",
+        "launcher.partition=gpu",
+        "launcher.timeout_min=30",
+        "--results-dir",
+        cli.results,
+    ]
     result = cli(*args)
     assert result.exit_code == 0, result.output
     assert "SLURM job 4242" in result.output and "normprop status table1" in result.output
@@ -163,8 +168,7 @@ def test_slurm_without_slurm_is_a_one_line_error(cli, monkeypatch, tmp_path):
     assert result.output.strip().startswith("error:") and "--launcher local" in result.output
 
 
-@pytest.mark.parametrize("args,needle", [(["--jobs", 0], "--jobs"),
-                                         (["--launcher", "cloud"], "unknown launcher")])
+@pytest.mark.parametrize("args,needle", [(["--jobs", 0], "--jobs"), (["--launcher", "cloud"], "unknown launcher")])
 def test_bad_jobs_or_launcher_is_a_one_line_error(cli, args, needle):
     result = cli("run", *SMOKE, *args, "--results-dir", cli.results)
     assert result.exit_code == 2 and needle in result.output

@@ -25,8 +25,15 @@ def test_table1_smoke_writes_runs_and_summary(cli):
     result = cli("run", "table1", *SMOKE, "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     summary = pd.read_csv(cli.results / "table1" / "synthetic" / "summary.csv")
-    for column in ("method", "augment", "seed", "status", "final_test_error", "best_val_test_error",
-                   "paper_test_error"):
+    for column in (
+        "method",
+        "augment",
+        "seed",
+        "status",
+        "final_test_error",
+        "best_val_test_error",
+        "paper_test_error",
+    ):
         assert column in summary.columns
     assert sorted(summary["method"].unique()) == ["batchnorm", "normprop"]
     assert (summary["status"] == "complete").all()
@@ -54,8 +61,13 @@ def test_paper_values_appear_beside_the_reproduction(cli):
 
 @pytest.mark.parametrize("norm,augment", [("normprop", "true"), ("batchnorm", "false")])
 def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, monkeypatch, norm, augment):
-    args = ["run", "table1", *SMOKE, "train.epochs=3", f"grid=[{{id: r, set: {{model.norm: {norm}, "
-            f"train.augment: {augment}}}}}]"]
+    args = [
+        "run",
+        "table1",
+        *SMOKE,
+        "train.epochs=3",
+        f"grid=[{{id: r, set: {{model.norm: {norm}, train.augment: {augment}}}}}]",
+    ]
     assert cli(*args, "--results-dir", tmp_path / "a").exit_code == 0
 
     # Interrupt the second run in the middle of its second epoch, as Ctrl-C would.

@@ -16,9 +16,7 @@ LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
 
 def batches(n=4, batch=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    xs = [
-        torch.randint(0, 256, (batch, 3, 32, 32), generator=g, dtype=torch.uint8) for _ in range(n)
-    ]
+    xs = [torch.randint(0, 256, (batch, 3, 32, 32), generator=g, dtype=torch.uint8) for _ in range(n)]
     ys = [torch.randint(0, 10, (batch,), generator=g) for _ in range(n)]
     return xs, ys
 
@@ -36,9 +34,7 @@ def setup(norm="normprop", device="cpu", options=StepOptions()):
 def plain_steps(norm, xs, ys):
     """Section 4.4 written out: the trainer's step before it was optimised (SGD as a loop)."""
     model, data_norm, _ = setup(norm)
-    opt = torch.optim.SGD(
-        model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY, foreach=False
-    )
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY, foreach=False)
     losses = []
     for x, y in zip(xs, ys, strict=True):
         loss = F.cross_entropy(model(data_norm(to_float(x))), y)
@@ -101,11 +97,12 @@ def test_bf16_autocast_trains_close_to_float32():
 
 
 def test_options_from_config():
-    t = OmegaConf.create(
-        {"channels_last": True, "amp": False, "compile": False, "cuda_graph": True}
-    )
+    t = OmegaConf.create({"channels_last": True, "amp": False, "compile": False, "cuda_graph": True})
     assert StepOptions.from_cfg(t, torch.device("cpu")) == StepOptions(channels_last=True)
     assert StepOptions.from_cfg(OmegaConf.create({}), torch.device("cpu")) == StepOptions()
+    auto = OmegaConf.create({"channels_last": "auto"})
+    assert StepOptions.from_cfg(auto, torch.device("cpu")).channels_last
+    assert not StepOptions.from_cfg(auto, torch.device("cuda")).channels_last
 
 
 def test_set_lr_fills_a_tensor_in_place_and_sets_a_float():

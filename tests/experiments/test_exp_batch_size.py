@@ -25,19 +25,13 @@ def results(tmp_path_factory):
 def test_batch_size_1_trains_and_bn_at_batch_1_is_labelled(results):
     sweep = results / "batch-size" / "synthetic"
     summary = pd.read_csv(sweep / "summary.csv")
-    assert {"batch_size", "initial_lr", "data_norm", "label", "final_test_acc"} <= set(
-        summary.columns
-    )
+    assert {"batch_size", "initial_lr", "data_norm", "label", "final_test_acc"} <= set(summary.columns)
     assert (summary["data_norm"] == "global").all()
     assert 1 in set(summary.loc[summary["method"] == "normprop", "batch_size"])
     bn = summary[summary["method"] == "batchnorm"]
     assert set(bn["batch_size"]) == {1} and bn["label"].str.contains("BatchNorm, batch 1").all()
     assert bn["label"].str.contains("paper: BN not applicable").all()
-    assert (
-        not summary.loc[summary["method"] == "normprop", "label"]
-        .str.contains("not applicable")
-        .any()
-    )
+    assert not summary.loc[summary["method"] == "normprop", "label"].str.contains("not applicable").any()
     assert (summary["status"] == "complete").all()
     # the larger batch trains at the larger learning rate (section 4.4)
     rates = summary[summary["method"] == "normprop"].groupby("batch_size")["initial_lr"].first()
@@ -66,9 +60,7 @@ def test_curves_have_an_interval_per_batch_size_and_a_figure(results):
 def test_the_paper_preset_includes_batch_1_and_rates_grow_with_the_batch():
     cfg = config.load("batch-size", preset="paper")
     normprop = sorted(
-        (g.set["train.batch_size"], g.set["train.lr"])
-        for g in cfg.grid
-        if g.set["model.norm"] == "normprop"
+        (g.set["train.batch_size"], g.set["train.lr"]) for g in cfg.grid if g.set["model.norm"] == "normprop"
     )
     assert normprop[0][0] == 1 and len(normprop) >= 4
     assert [lr for _, lr in normprop] == sorted(lr for _, lr in normprop)

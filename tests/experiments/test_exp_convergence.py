@@ -28,9 +28,7 @@ def test_curves_hold_mean_and_interval_over_the_seeds(results):
     assert (c["n"] == 2).all() and list(c["epoch"].unique()) == [1, 2]
     epochs = pd.read_csv(sweep / "epochs.csv")
     for _, row in c.iterrows():
-        values = epochs[(epochs["method"] == row["method"]) & (epochs["epoch"] == row["epoch"])][
-            "test_acc"
-        ]
+        values = epochs[(epochs["method"] == row["method"]) & (epochs["epoch"] == row["epoch"])]["test_acc"]
         expected = curves.mean_ci(values)
         assert row["mean"] == pytest.approx(expected["mean"])
         assert row["ci_low"] == pytest.approx(expected["ci_low"])
@@ -50,9 +48,7 @@ def test_plot_redraws_from_the_csvs_alone(cli, results):
 
 
 def test_headlines_give_final_accuracy_with_interval_per_method(results):
-    rows = convergence.headlines(
-        config.load("convergence", preset="smoke", results_dir=str(results))
-    )
+    rows = convergence.headlines(config.load("convergence", preset="smoke", results_dir=str(results)))
     assert {"quantity", "reproduced", "paper"} <= set(rows[0])
     finals = [r for r in rows if r["quantity"].startswith("final test accuracy")]
     assert len(finals) == 2 and all("[" in r["reproduced"] for r in finals)

@@ -43,9 +43,7 @@ def test_probe_measures_mean_and_std_of_the_layer_input_and_leaves_the_model_alo
     rows = UnitProbe(seed=3).observe(model, lambda: iter([(x[:10], None), (x[10:], None)]), epoch=0)
     assert [r["layer"] for r in rows] == list(range(2, 10))
     assert model.training  # restored after the probe's evaluation pass
-    assert all(
-        torch.equal(state[k], v) for k, v in model.state_dict().items()
-    )  # BN statistics untouched
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # BN statistics untouched
     model.eval()
     with torch.no_grad():
         inputs = layer_inputs(model, x)
@@ -109,9 +107,7 @@ def test_summary_settling_and_figures(results):
     } <= set(settled)
     assert (settled["band"] == 0.1).all() and len(settled) == 3 * 8
     summary = pd.read_csv(sweep / "summary.csv")
-    assert {"avg_abs_final_mean", "last_settled_after_epoch", "band", "initial_lr"} <= set(
-        summary.columns
-    )
+    assert {"avg_abs_final_mean", "last_settled_after_epoch", "band", "initial_lr"} <= set(summary.columns)
     assert summary.set_index("setting")["initial_lr"].to_dict() == {
         "normprop": 0.05,
         "batchnorm": 0.05,
@@ -130,11 +126,7 @@ def test_plot_redraws_from_the_csvs_alone(cli, results):
 
 
 def test_headlines_put_the_average_final_mean_beside_the_papers(results):
-    rows = covariate_shift.headlines(
-        config.load("covariate-shift", preset="smoke", results_dir=str(results))
-    )
-    papers = {
-        r["quantity"].rsplit(", ", 1)[-1]: r["paper"] for r in rows if "average" in r["quantity"]
-    }
+    rows = covariate_shift.headlines(config.load("covariate-shift", preset="smoke", results_dir=str(results)))
+    papers = {r["quantity"].rsplit(", ", 1)[-1]: r["paper"] for r in rows if "average" in r["quantity"]}
     assert papers["NormProp"] == 0.19 and papers["BatchNorm"] == 0.33
     assert any("+-0.1" in r["quantity"] for r in rows)

@@ -36,18 +36,14 @@ def test_four_settings_each_with_a_test_accuracy_per_epoch(results):
     assert c.groupby("setting").size().to_dict() == {s: 2 for s in c["setting"].unique()}
     assert len(c["setting"].unique()) == 4 and c["mean"].between(0, 100).all()
     summary = pd.read_csv(sweep / "summary.csv")
-    assert {"data_norm", "batch_size", "initial_lr", "best_test_acc", "best_test_epoch"} <= set(
-        summary.columns
-    )
+    assert {"data_norm", "batch_size", "initial_lr", "best_test_acc", "best_test_epoch"} <= set(summary.columns)
     assert (summary["status"] == "complete").all()
     assert (sweep / "data_norm.png").exists() and (sweep / "data_norm.pdf").exists()
 
 
 def test_the_paper_protocol_is_batch_50_and_100_with_their_rates():
     cfg = config.load("data-norm", preset="paper")
-    grid = {
-        (g.set["train.data_norm"], g.set["train.batch_size"]): g.set["train.lr"] for g in cfg.grid
-    }
+    grid = {(g.set["train.data_norm"], g.set["train.batch_size"]): g.set["train.lr"] for g in cfg.grid}
     assert grid == {
         ("global", 50): 0.05,
         ("batch", 50): 0.05,

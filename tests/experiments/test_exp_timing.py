@@ -49,13 +49,9 @@ def test_timing_is_the_median_after_the_warm_up_with_ratios(results):
     assert table.loc["batchnorm", "ratio_vs_batchnorm"] == pytest.approx(1.0)
     assert table.loc["none", "ratio_vs_none"] == pytest.approx(1.0)
     assert table.loc["normprop", "ratio_vs_batchnorm"] == pytest.approx(
-        table.loc["normprop", "median_epoch_seconds"]
-        / table.loc["batchnorm", "median_epoch_seconds"]
+        table.loc["normprop", "median_epoch_seconds"] / table.loc["batchnorm", "median_epoch_seconds"]
     )
-    assert (
-        table.loc["normprop", "paper_seconds"] == 84
-        and table.loc["batchnorm", "paper_seconds"] == 96
-    )
+    assert table.loc["normprop", "paper_seconds"] == 84 and table.loc["batchnorm", "paper_seconds"] == 96
     assert (sweep / "timing.png").exists() and (sweep / "timing.pdf").exists()
 
 

@@ -106,12 +106,8 @@ def test_quadrature_matches_every_closed_form_and_monte_carlo_its_error_bars(res
     avg3 = df[(df["name"] == "avg 3x3") & (df["statistic"] == "std")]
     assert avg3["closed_form"].item() == pytest.approx(1 / 3)  # the note: 1/s
     max3 = df[(df["name"] == "max 3x3")].set_index("statistic")["quadrature"]
-    assert max3["mean"] == pytest.approx(1.4850, abs=2e-3) and max3["std"] == pytest.approx(
-        0.5978, abs=2e-3
-    )
-    rescaled = df[
-        (df["quantity"] == "dropout") & (df["name"] == "1/sqrt(p)") & (df["statistic"] == "std")
-    ]
+    assert max3["mean"] == pytest.approx(1.4850, abs=2e-3) and max3["std"] == pytest.approx(0.5978, abs=2e-3)
+    rescaled = df[(df["quantity"] == "dropout") & (df["name"] == "1/sqrt(p)") & (df["statistic"] == "std")]
     assert (rescaled["closed_form"] == 1.0).all()
 
 
@@ -160,9 +156,7 @@ def test_plot_redraws_from_the_csvs_and_needs_them(results, tmp_path):
         figure.unlink()
     cfg2 = small_cfg(tmp_path)
     paths = theory.plot(cfg2)
-    assert sorted(p.name for p in paths) == sorted(
-        f"{s}.{e}" for s in FIGURES for e in ("png", "pdf")
-    )
+    assert sorted(p.name for p in paths) == sorted(f"{s}.{e}" for s in FIGURES for e in ("png", "pdf"))
     assert all(p.exists() and p.parent == copy for p in paths)
     (copy / "proposition1.csv").unlink()
     with pytest.raises(UserError, match="normprop run theory"):

@@ -14,10 +14,7 @@ def randomised(layer, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         layer.weight.mul_(
-            torch.rand(layer.weight.shape[0], generator=g)
-            .add(0.5)
-            .view(-1, *[1] * (layer.weight.ndim - 1))
-            * 3
+            torch.rand(layer.weight.shape[0], generator=g).add(0.5).view(-1, *[1] * (layer.weight.ndim - 1)) * 3
         )
         layer.gamma.copy_(torch.rand(layer.gamma.shape, generator=g) + 0.5)
         layer.beta.copy_(torch.randn(layer.beta.shape, generator=g) * 0.5)
@@ -46,9 +43,7 @@ def assert_matches_reference(layer, x, rtol, atol):
 @pytest.mark.parametrize("conv", [(3, 1, 1), (5, 2, 2), (1, 1, 0)])
 def test_conv_fast_path_equals_eq_11_in_float64(on_output, activation, jacobian, conv, monkeypatch):
     k, stride, pad = conv
-    layer = randomised(
-        NormPropConv2d(4, 6, k, stride, pad, activation=activation, jacobian=jacobian)
-    ).double()
+    layer = randomised(NormPropConv2d(4, 6, k, stride, pad, activation=activation, jacobian=jacobian)).double()
     monkeypatch.setattr(layer, "scales_output", lambda x: on_output)
     x = torch.randn(3, 4, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     assert layer._folded_ok(x)

@@ -43,9 +43,7 @@ def by_hand(x, weight, gamma, beta, act, c2, c1, f, conv=None):
 
 
 def small_conv(activation="relu", jacobian="divide", **kw):
-    layer = NormPropConv2d(
-        2, 3, 3, stride=2, padding=1, activation=activation, jacobian=jacobian, **kw
-    ).double()
+    layer = NormPropConv2d(2, 3, 3, stride=2, padding=1, activation=activation, jacobian=jacobian, **kw).double()
     with torch.no_grad():
         layer.weight.copy_(torch.linspace(-1.0, 1.3, 54, dtype=torch.float64).view(3, 2, 3, 3))
         layer.weight[1].mul_(-0.3)
@@ -57,9 +55,7 @@ def small_conv(activation="relu", jacobian="divide", **kw):
 def small_linear(activation="relu", jacobian="divide", **kw):
     layer = NormPropLinear(4, 3, activation=activation, jacobian=jacobian, **kw).double()
     with torch.no_grad():
-        layer.weight.copy_(
-            torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.2, 0.1, -0.4, 0.0], [-1.0, -1.0, 2.0, 0.5]])
-        )
+        layer.weight.copy_(torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.2, 0.1, -0.4, 0.0], [-1.0, -1.0, 2.0, 0.5]]))
         layer.gamma.copy_(torch.tensor([1.3, 0.6, 1.0]))
         layer.beta.copy_(torch.tensor([-0.1, 0.3, 0.0]))
     return layer
@@ -69,9 +65,7 @@ CONV = {"stride": 2, "padding": 1}
 
 
 def x_conv(seed=0):
-    return torch.randn(
-        2, 2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
-    )
+    return torch.randn(2, 2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
 def x_linear(seed=0):
@@ -138,9 +132,7 @@ def test_initialisation_per_jacobian_mode():
     init.weight.data.copy_(divide.weight)  # same function at initialisation
     x = torch.randn(2, 8, 6, 6)
     torch.testing.assert_close(init(x), divide(x))
-    assert NormPropLinear(3, 2, activation="prelu", prelu_init=0.1).slope.item() == pytest.approx(
-        0.1
-    )
+    assert NormPropLinear(3, 2, activation="prelu", prelu_init=0.1).slope.item() == pytest.approx(0.1)
 
 
 def test_bad_arguments_fail():
@@ -219,9 +211,7 @@ def test_constrain_unit_norm_keeps_the_function():
             layer.weight.flatten(1).norm(dim=1), torch.ones(layer.out_channels), rtol=0, atol=1e-6
         )
     for layer in model[3:5]:
-        torch.testing.assert_close(
-            layer.weight.norm(dim=1), torch.ones(layer.out_features), rtol=0, atol=1e-6
-        )
+        torch.testing.assert_close(layer.weight.norm(dim=1), torch.ones(layer.out_features), rtol=0, atol=1e-6)
     assert torch.equal(model[-1].weight, plain)  # not a NormProp layer: untouched
     torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
     assert model[0].weight.grad is None  # done under no_grad

@@ -49,9 +49,7 @@ def test_hidden_layers_and_spatial_sizes():
     assert layers[-1].activation == "identity" and layers[-1].out_channels == 10
     assert [m.out_channels for m in layers[:-1]] == [48, 40, 24, 48, 48, 48, 48, 48]
     sizes = []
-    hooks = [
-        m.register_forward_hook(lambda m, inp, out: sizes.append(inp[0].shape[-1])) for m in layers
-    ]
+    hooks = [m.register_forward_hook(lambda m, inp, out: sizes.append(inp[0].shape[-1])) for m in layers]
     with torch.no_grad():
         model(torch.randn(1, 3, 32, 32))
     for h in hooks:

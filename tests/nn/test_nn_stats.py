@@ -29,10 +29,7 @@ def expect_normal(g) -> float:
     def density(x):
         return g(x) * math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
 
-    return sum(
-        integrate.quad(density, a, b, epsabs=1e-13, epsrel=1e-13)[0]
-        for a, b in [(-np.inf, 0.0), (0.0, np.inf)]
-    )
+    return sum(integrate.quad(density, a, b, epsabs=1e-13, epsrel=1e-13)[0] for a, b in [(-np.inf, 0.0), (0.0, np.inf)])
 
 
 def prelu_fn(a):

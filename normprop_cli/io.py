@@ -54,6 +54,16 @@ def save_figure(fig, stem: Path) -> list[Path]:
     for ext in ("png", "pdf"):
         target = Path(f"{stem}.{ext}")
         out.append(
-            atomic_write(target, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight"))
+            atomic_write(
+                target,
+                # No creation date in the PDF: redrawing unchanged CSVs gives the same file.
+                lambda tmp, ext=ext: fig.savefig(
+                    tmp,
+                    format=ext,
+                    dpi=150,
+                    bbox_inches="tight",
+                    metadata={"CreationDate": None} if ext == "pdf" else None,
+                ),
+            )
         )
     return out

@@ -26,6 +26,13 @@ def resolve(name: str = "auto") -> torch.device:
     return device
 
 
+def for_workers(name: str, workers: int) -> list[str]:
+    """Each worker's device: a GPU of its own when several are visible and none was named."""
+    device = resolve(name)
+    gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
+    return [str(resolve(f"cuda:{k % gpus}")) if gpus > 1 else str(device) for k in range(workers)]
+
+
 def prepare(device: torch.device) -> None:
     """Per-process settings for fast, repeatable steps on this device."""
     if device.type == "cpu":

@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+from normprop_cli import device as devices
 from normprop_cli import io
 from normprop_cli.engine import parallel
 from normprop_cli.engine.progress import QuietProgress
@@ -77,7 +78,7 @@ def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Obse
     executor = submitit.LocalExecutor(folder=folder(cfg))
     gpus = _visible_gpus()
     executor.update_parameters(timeout_min=int(cfg.launcher.timeout_min), gpus_per_node=len(gpus), visible_gpus=gpus)
-    threads, device = parallel.worker_threads(slots), parallel.worker_devices(cfg.device, slots)
+    threads, device = parallel.worker_threads(slots), devices.for_workers(cfg.device, slots)
     waiting, running, lost = list(todo), {}, []
     try:
         while waiting or running:

@@ -40,13 +40,6 @@ def worker_threads(workers: int) -> int:
     return max(1, torch.get_num_threads() // workers)
 
 
-def worker_devices(name: str, workers: int) -> list[str]:
-    """Each worker's device: a GPU of its own when several are visible and none was named."""
-    device = devices.resolve(name)
-    gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
-    return [str(devices.resolve(f"cuda:{k % gpus}")) if gpus > 1 else str(device) for k in range(workers)]
-
-
 class LastEpoch:
     """A silent Progress for a worker: it keeps the last epoch's row for the parent's line."""
 
@@ -120,7 +113,7 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
     args = (worker_threads(n), cloudpickle.dumps(observers), tasks, results)
     workers = [
         ctx.Process(target=_serve, args=(k, device, *args), daemon=True)
-        for k, device in enumerate(worker_devices(cfg.device, n))
+        for k, device in enumerate(devices.for_workers(cfg.device, n))
     ]
     for w in workers:
         w.start()

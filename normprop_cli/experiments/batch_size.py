@@ -51,9 +51,7 @@ def run(cfg: DictConfig) -> Path:
             "data_norm": t.data_norm,
             "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
         }
-        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
-        if len(m):
-            row |= {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()}
+        row |= curves.accuracy(epochs, spec.name)
         rows.append(row)
     out = write_summary(cfg, rows)
     plot(cfg)

@@ -30,9 +30,7 @@ def run(cfg: DictConfig) -> Path:
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
         row = run_row(spec, manifest)
-        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
-        if len(m):
-            row |= {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()}
+        row |= curves.accuracy(epochs, spec.name)
         rows.append(row)
     out = write_summary(cfg, rows)
     plot(cfg)

@@ -57,6 +57,17 @@ def gather(specs: Sequence[RunSpec], name: str = "metrics", columns: Mapping[str
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def of_run(epochs: pd.DataFrame, run: str) -> pd.DataFrame:
+    """One run's rows of a table that `gather` made (empty when the run has none)."""
+    return epochs[epochs["run"] == run] if len(epochs) else epochs
+
+
+def accuracy(epochs: pd.DataFrame, run: str) -> dict:
+    """A run's final and best test accuracy (%), for its summary row; {} before its first epoch."""
+    m = of_run(epochs, run)
+    return {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()} if len(m) else {}
+
+
 def curves(epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc") -> pd.DataFrame:
     """Per setting (`keys`) and epoch: the mean of `value` over seeds and its 95% interval."""
     if not len(epochs):

@@ -42,7 +42,7 @@ def run(cfg: DictConfig) -> Path:
             "batch_size": t.batch_size,
             "initial_lr": t.lr,
         }
-        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
+        m = curves.of_run(epochs, spec.name)
         if len(m):
             best = m.loc[m["test_acc"].idxmax()]
             row |= {

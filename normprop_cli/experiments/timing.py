@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> Path:
             "initial_lr": spec.cfg.train.lr,
             "batch_size": spec.cfg.train.batch_size,
         }
-        m = epochs[epochs["run"] == spec.name] if len(epochs) else epochs
+        m = curves.of_run(epochs, spec.name)
         if len(m):
             t = timed(m, warmup)
             row |= {

@@ -178,7 +178,8 @@ def test_bad_jobs_or_launcher_is_a_one_line_error(cli, args, needle):
 def test_each_worker_has_a_gpu_of_its_own_when_several_are_visible(monkeypatch):
     import torch
 
-    from normprop_cli.engine.parallel import worker_devices, worker_threads
+    from normprop_cli.device import for_workers as worker_devices
+    from normprop_cli.engine.parallel import worker_threads
 
     assert worker_devices("cpu", 2) == ["cpu", "cpu"]
     assert worker_threads(2) == 1  # conftest: 1 thread, never less than 1 per worker

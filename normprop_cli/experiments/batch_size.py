@@ -18,7 +18,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import run_row, write_summary
 from normprop_cli.experiments import curves
 
 KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
@@ -40,20 +39,13 @@ def run(cfg: DictConfig) -> Path:
             "label",
             [label(*r) for r in zip(epochs["method"], epochs["batch_size"], epochs["initial_lr"], strict=True)],
         )
-    curves.write(cfg, "epochs", epochs)
-    curves.write(cfg, "curves", curves.curves(epochs, KEYS))
-    rows = []
-    for spec, manifest in zip(specs, manifests, strict=True):
+
+    def columns(spec):
         t = spec.cfg.train
-        row = run_row(spec, manifest) | {
-            "batch_size": t.batch_size,
-            "initial_lr": t.lr,
-            "data_norm": t.data_norm,
-            "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
-        }
-        row |= curves.accuracy(epochs, spec.name)
-        rows.append(row)
-    out = write_summary(cfg, rows)
+        return {"batch_size": t.batch_size, "initial_lr": t.lr, "data_norm": t.data_norm,
+                "label": label(spec.cfg.model.norm, t.batch_size, t.lr)}  # fmt: skip
+
+    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
     plot(cfg)
     return out
 

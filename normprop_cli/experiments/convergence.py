@@ -15,7 +15,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import run_row, write_summary
 from normprop_cli.experiments import curves
 
 KEYS = ["method"]
@@ -25,14 +24,7 @@ def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
     epochs = curves.gather(specs)
-    curves.write(cfg, "epochs", epochs)
-    curves.write(cfg, "curves", curves.curves(epochs, KEYS))
-    rows = []
-    for spec, manifest in zip(specs, manifests, strict=True):
-        row = run_row(spec, manifest)
-        row |= curves.accuracy(epochs, spec.name)
-        rows.append(row)
-    out = write_summary(cfg, rows)
+    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
     plot(cfg)
     return out
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
 from normprop_cli.engine.runs import RunSpec, run_dir, sweep_dir
-from normprop_cli.engine.summary import read_csv
+from normprop_cli.engine.summary import read_csv, run_row, write_summary
 
 LEVEL = 0.95  # the paper's caps: 95% confidence interval
 CURVE_COLUMNS = ["epoch", "n", "mean", "sd", "ci_low", "ci_high"]
@@ -66,6 +66,16 @@ def accuracy(epochs: pd.DataFrame, run: str) -> dict:
     """A run's final and best test accuracy (%), for its summary row; {} before its first epoch."""
     m = of_run(epochs, run)
     return {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()} if len(m) else {}
+
+
+def write_curves_and_summary(cfg, specs, manifests, epochs, keys, columns=lambda spec: {}) -> Path:
+    """epochs.csv, curves.csv (mean and CI over seeds per `keys`) and summary.csv: the engine's
+    columns, `columns(spec)` and the run's final and best test accuracy. Returns summary.csv."""
+    write(cfg, "epochs", epochs)
+    write(cfg, "curves", curves(epochs, keys))
+    rows = [run_row(spec, manifest) | columns(spec) | accuracy(epochs, spec.name)
+            for spec, manifest in zip(specs, manifests, strict=True)]  # fmt: skip
+    return write_summary(cfg, rows)
 
 
 def curves(epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc") -> pd.DataFrame:

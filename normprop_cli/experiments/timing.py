@@ -97,6 +97,14 @@ def run(cfg: DictConfig) -> Path:
     return out
 
 
+def paired_bars(ax, table: pd.DataFrame, mine: str, paper: str, mine_label: str, paper_label: str) -> None:
+    """Per method, the reproduced value (left, the method's colour) beside the paper's (right, hatched)."""
+    x = range(len(table))
+    colors = [curves.METHOD_COLORS.get(m, "C2") for m in table["method"]]
+    ax.bar([i - 0.2 for i in x], table[mine], width=0.4, color=colors, label=mine_label)
+    ax.bar([i + 0.2 for i in x], table[paper], width=0.4, color="0.8", hatch="//", label=paper_label)
+
+
 def plot(cfg: DictConfig) -> list[Path]:
     """Seconds per training epoch (reproduced beside the paper's), and each method relative to BN"""
     plt = curves.pyplot()
@@ -105,21 +113,8 @@ def plot(cfg: DictConfig) -> list[Path]:
     x = range(len(table))
     names = [curves.method_label(m) for m in table["method"]]
     device = ", ".join(table["device"].astype(str).unique())
-    ax.bar(
-        [i - 0.2 for i in x],
-        table["median_epoch_seconds"],
-        width=0.4,
-        color=[curves.METHOD_COLORS.get(m, "C2") for m in table["method"]],
-        label=f"reproduced ({device})",
-    )
-    ax.bar(
-        [i + 0.2 for i in x],
-        table["paper_seconds"],
-        width=0.4,
-        color="0.8",
-        hatch="//",
-        label="paper (GTX Titan X, CIFAR-10)",
-    )
+    paired_bars(ax, table, "median_epoch_seconds", "paper_seconds", f"reproduced ({device})",
+                "paper (GTX Titan X, CIFAR-10)")  # fmt: skip
     for i, (mine, paper) in enumerate(zip(table["median_epoch_seconds"], table["paper_seconds"], strict=True)):
         ax.annotate(f"{mine:.3g}", (i - 0.2, mine), ha="center", va="bottom", fontsize=7)
         if math.isfinite(paper):
@@ -130,21 +125,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("seconds per training epoch (median)")
     ax.legend(frameon=False, fontsize=7)
-    rel.bar(
-        [i - 0.2 for i in x],
-        table["ratio_vs_batchnorm"],
-        width=0.4,
-        color=[curves.METHOD_COLORS.get(m, "C2") for m in table["method"]],
-        label="reproduced",
-    )
-    rel.bar(
-        [i + 0.2 for i in x],
-        table["paper_ratio_vs_batchnorm"],
-        width=0.4,
-        color="0.8",
-        hatch="//",
-        label="paper (84 / 96 = 0.875)",
-    )
+    paired_bars(rel, table, "ratio_vs_batchnorm", "paper_ratio_vs_batchnorm", "reproduced", "paper (84 / 96 = 0.875)")
     rel.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
     rel.set_xticks(list(x), names)
     rel.set_ylabel("epoch time / BatchNorm's")

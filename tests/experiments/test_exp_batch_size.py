@@ -67,13 +67,8 @@ def test_the_paper_preset_includes_batch_1_and_rates_grow_with_the_batch():
     assert cfg.train.data_norm == "global" and cfg.seeds >= 2
 
 
-def test_plot_redraws_from_the_csvs_alone(cli, results):
-    sweep = results / "batch-size" / "synthetic"
-    for path in [*sweep.glob("batch_size.*"), *sweep.glob("runs/*/checkpoint.pt")]:
-        path.unlink()
-    result = cli("plot", "batch-size", "--preset", "smoke", "--results-dir", results)
-    assert result.exit_code == 0, result.output
-    assert (sweep / "batch_size.png").exists() and (sweep / "batch_size.pdf").exists()
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("batch-size", results)
 
 
 def test_headlines_give_the_final_accuracy_of_each_batch_size(results):

@@ -38,13 +38,8 @@ def test_curves_hold_mean_and_interval_over_the_seeds(results):
     assert (sweep / "convergence.png").exists() and (sweep / "convergence.pdf").exists()
 
 
-def test_plot_redraws_from_the_csvs_alone(cli, results):
-    sweep = results / "convergence" / "synthetic"
-    for path in [*sweep.glob("convergence.*"), *sweep.glob("runs/*/checkpoint.pt")]:
-        path.unlink()
-    result = cli("plot", "convergence", "--preset", "smoke", "--results-dir", results)
-    assert result.exit_code == 0, result.output
-    assert (sweep / "convergence.png").exists() and (sweep / "convergence.pdf").exists()
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("convergence", results)
 
 
 def test_headlines_give_final_accuracy_with_interval_per_method(results):

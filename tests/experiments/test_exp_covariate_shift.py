@@ -116,13 +116,8 @@ def test_summary_settling_and_figures(results):
     assert (sweep / "covariate_shift.png").exists() and (sweep / "covariate_shift.pdf").exists()
 
 
-def test_plot_redraws_from_the_csvs_alone(cli, results):
-    sweep = results / "covariate-shift" / "synthetic"
-    for path in [*sweep.glob("covariate_shift.*"), *sweep.glob("runs/*/checkpoint.pt")]:
-        path.unlink()
-    result = cli("plot", "covariate-shift", "--preset", "smoke", "--results-dir", results)
-    assert result.exit_code == 0, result.output
-    assert (sweep / "covariate_shift.png").exists() and (sweep / "covariate_shift.pdf").exists()
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("covariate-shift", results)
 
 
 def test_headlines_put_the_average_final_mean_beside_the_papers(results):

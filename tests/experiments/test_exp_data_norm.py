@@ -53,13 +53,8 @@ def test_the_paper_protocol_is_batch_50_and_100_with_their_rates():
     assert cfg.train.lr_halve_every == 10 and cfg.experiment.paper_best_test_acc == 90.35
 
 
-def test_plot_redraws_from_the_csvs_alone(cli, results):
-    sweep = results / "data-norm" / "synthetic"
-    for path in [*sweep.glob("data_norm.*"), *sweep.glob("runs/*/checkpoint.pt")]:
-        path.unlink()
-    result = cli("plot", "data-norm", "--preset", "smoke", "--results-dir", results)
-    assert result.exit_code == 0, result.output
-    assert (sweep / "data_norm.png").exists() and (sweep / "data_norm.pdf").exists()
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("data-norm", results)
 
 
 def test_headlines_name_the_best_setting_beside_the_papers(results):

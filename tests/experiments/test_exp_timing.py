@@ -60,13 +60,8 @@ def test_one_epoch_is_timed_when_there_is_no_other():
     assert len(timing.timed(epochs, warmup=1)) == 1
 
 
-def test_plot_redraws_from_the_csvs_alone(cli, results):
-    sweep = results / "timing" / "synthetic"
-    for path in [*sweep.glob("timing.p*"), *sweep.glob("runs/*/checkpoint.pt")]:
-        path.unlink()
-    result = cli("plot", "timing", "--preset", "smoke", "--results-dir", results)
-    assert result.exit_code == 0, result.output
-    assert (sweep / "timing.png").exists() and (sweep / "timing.pdf").exists()
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("timing", results)
 
 
 def test_headlines_put_the_ratio_beside_the_papers(results):

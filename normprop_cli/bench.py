@@ -7,7 +7,8 @@ turn, the order rotating every round, so that whatever else slows the machine hi
 alike. A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for
 NormProp, the unit-norm constraint, on a batch of digits already normalised and on the device.
 The figure is the median of the timed steps after the warm-up ones; `steps=None` times as many
-as fit in `budget_s` seconds per configuration (at least 5).
+as fit in `budget_s` seconds per configuration (at least 5). On the CPU the same steps also say
+where the time went, by phase: forward (with the loss), backward, optimizer, constraint.
 
 Epochs. Whole epochs through the trainer's own `train_epoch` and `evaluate` on the digits data
 set with the quick preset's shapes (width 0.25, batch 50, batch data normalisation), the methods
@@ -32,12 +33,12 @@ import torch
 
 from normprop_cli import device as devices
 from normprop_cli import io
-from normprop_cli.engine.step import StepOptions, make_optimizer, make_step
+from normprop_cli.engine.step import PHASES, Step, StepOptions, make_optimizer, make_step
 
 METHODS = ("none", "batchnorm", "normprop")
 COLUMNS = ["method", "batch_size", "width", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
-           "flush_denormal", "load_average", "finite"]  # fmt: skip
+           *(f"{p}_ms_median" for p in PHASES), "flush_denormal", "load_average", "finite"]  # fmt: skip
 EPOCH_COLUMNS = ["method", "width", "batch_size", "device", "epochs", "epoch_s", "train_s",
                  "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
 
@@ -76,8 +77,8 @@ def run_bench(
     rows = []
     for width in widths:
         for bs in batch_sizes:
-            times, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, options)
-            rows += _rows(times, finite, width, bs, dev, options)
+            times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, options)
+            rows += _rows(times, phases, finite, width, bs, dev, options)
     table = pd.DataFrame(rows, columns=COLUMNS)
     out = Path(results_dir) / "bench"
     io.write_csv(out / "bench.csv", table)
@@ -91,12 +92,16 @@ def run_bench(
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
                methods=METHODS):  # fmt: skip
-    """{method: [ms per step]}, the methods stepped in turn; and whether every loss was finite."""
+    """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
+    eager steps only, where marking a phase's end costs nothing; else empty); whether every loss
+    was finite."""
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     x, y = _batches(data, cfg, dev, batch_size)
     runs = {m: _step(cfg, data, dev, m, options) for m in methods}
+    phased = dev.type == "cpu" and all(type(run) is Step for run in runs.values())
     times = {m: [] for m in methods}
+    phases = {m: {p: [] for p in PHASES} for m in methods}
     losses = []
     order = list(methods)
     rounds, r = (steps or 5) + warmup, 0
@@ -105,7 +110,10 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
             i = r % len(x)
             devices.synchronize(dev)
             t0 = time.perf_counter()
-            loss, _ = runs[m](x[i], y[i])
+            if phased:
+                loss, _ = runs[m](x[i], y[i], _PhaseClock(phases[m], t0))
+            else:
+                loss, _ = runs[m](x[i], y[i])
             devices.synchronize(dev)
             times[m].append(1e3 * (time.perf_counter() - t0))
             losses.append(loss)
@@ -115,7 +123,20 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
             per_round = sum(t[-1] for t in times.values()) / 1e3
             rounds = warmup + min(200, max(5, int(budget_s / max(per_round, 1e-6))))
     finite = bool(torch.isfinite(torch.stack(losses)).all())
-    return {m: t[warmup:] for m, t in times.items()}, finite
+    phases = {m: {p: t[warmup:] for p, t in ph.items()} for m, ph in phases.items()} if phased else {}
+    return {m: t[warmup:] for m, t in times.items()}, phases, finite
+
+
+class _PhaseClock:
+    """Passed to a `Step`: appends to `into[phase]` the ms since the previous phase ended."""
+
+    def __init__(self, into: dict[str, list[float]], t0: float):
+        self.into, self.last = into, t0
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.into[phase].append(1e3 * (now - self.last))
+        self.last = now
 
 
 def _step(cfg, data, dev, method, options):
@@ -143,11 +164,13 @@ def _batches(data, cfg, dev, batch_size, count: int = 16):
     return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
 
 
-def _rows(times, finite, width, bs, dev, options) -> list[dict]:
+def _rows(times, phases, finite, width, bs, dev, options) -> list[dict]:
     med = {m: statistics.median(t) for m, t in times.items()}
     rows = []
     for m, t in times.items():
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
+        phase_ms = {f"{p}_ms_median": statistics.median(v) if v else float("nan")
+                    for p, v in phases.get(m, dict.fromkeys(PHASES, [])).items()}  # fmt: skip
         rows.append({
             "method": m, "batch_size": bs, "width": width, "device": devices.describe(dev),
             "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
@@ -155,6 +178,7 @@ def _rows(times, finite, width, bs, dev, options) -> list[dict]:
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
             "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
             "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
+            **phase_ms,
             "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite,
         })  # fmt: skip
     return rows
@@ -265,6 +289,15 @@ def show(table: pd.DataFrame) -> None:
                   f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
                   f"{r.ratio_vs_none:.3f}", f"{r.ratio_vs_batchnorm:.3f}")  # fmt: skip
     console.print(t)
+    phase_cols = [f"{p}_ms_median" for p in PHASES]
+    if table[phase_cols].notna().all(axis=None):
+        p = Table(title="Where a step goes: median ms of each phase")
+        for col in ("width", "batch", "method", *PHASES):
+            p.add_column(col, justify="right")
+        for r in table.itertuples():
+            p.add_row(f"{r.width:g}", str(r.batch_size), r.method,
+                      *(f"{getattr(r, c):.2f}" for c in phase_cols))  # fmt: skip
+        console.print(p)
     epochs = table.attrs.get("epochs")
     if epochs is not None and len(epochs):
         e = Table(title="Whole epochs (digits, quick preset): seconds and shares of the epoch")

@@ -20,6 +20,7 @@ Options (`train:` in conf/config.yaml), off by default but for channels_last on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
+PHASES = ("forward", "backward", "optimizer", "constraint")
+
+
 class Step:
     """One SGD step on a batch; `logits` is the same forward for evaluation."""
 
@@ -96,14 +100,23 @@ class Step:
         ):
             return self.net(x).float()
 
-    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, x: Tensor, y: Tensor, clock: Callable[[str], None] | None = None) -> tuple[Tensor, Tensor]:
+        """`clock(phase)`, if given, is called as each of PHASES ends (`normprop bench` times them)."""
         logits = self.logits(x)
         loss = F.cross_entropy(logits, y)
+        if clock is not None:
+            clock("forward")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if clock is not None:
+            clock("backward")
         self.optimizer.step()
+        if clock is not None:
+            clock("optimizer")
         if self.constrain:
             constrain_unit_norm_(self.model)  # section 4.4
+        if clock is not None:
+            clock("constraint")
         return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from normprop_cli.bench import COLUMNS, EPOCH_COLUMNS, denormals_flushed, run_bench
+from normprop_cli.engine.step import PHASES
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,8 @@ def test_bench_writes_the_table_it_returns(bench):
     assert set(table["batch_size"]) == {1, 4} and set(table["width"]) == {0.0625}
     assert (table["steps"] == 3).all() and table["finite"].all()
     assert (table["step_ms_median"] > 0).all()
+    phases = table[[f"{p}_ms_median" for p in PHASES]]  # on the CPU every phase of every step is timed
+    assert phases.notna().all(axis=None) and (phases >= 0).all(axis=None)
 
 
 def test_ratios_are_the_medians_divided(bench):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from normprop_cli.data import make_data_norm, to_float
-from normprop_cli.engine.step import GraphedStep, Step, StepOptions, make_optimizer, set_lr
+from normprop_cli.engine.step import PHASES, GraphedStep, Step, StepOptions, make_optimizer, set_lr
 from normprop_cli.nn import NIN, constrain_unit_norm_
 
 LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
@@ -70,6 +70,21 @@ def test_normprop_step_keeps_filters_at_unit_norm():
     for layer in model.hidden_layers():
         norms = layer.weight.flatten(1).norm(dim=1)
         torch.testing.assert_close(norms, torch.ones_like(norms))
+
+
+def test_a_clock_marks_each_phase_once_in_order_and_changes_nothing():
+    """What `normprop bench` times: the clock sees forward, backward, optimizer, constraint."""
+    xs, ys = batches(n=2)
+    ref, ref_losses = plain_steps("normprop", xs, ys)
+    model, data_norm, opt = setup()
+    step = Step(model, data_norm, opt, constrain=True)
+    for x, y, expected in zip(xs, ys, ref_losses, strict=True):
+        seen = []
+        loss, _ = step(x, y, clock=seen.append)
+        assert tuple(seen) == PHASES
+        assert loss.item() == pytest.approx(expected, rel=1e-5)
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def run_steps(options, norm="normprop"):

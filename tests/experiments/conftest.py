@@ -1,4 +1,21 @@
 import pytest
+from typer.testing import CliRunner
+
+from normprop_cli.cli import app
+
+
+@pytest.fixture(scope="session")
+def run_experiment(tmp_path_factory):
+    """`normprop run EXPERIMENT ARGS...` into a fresh results directory, which it returns."""
+
+    def run(experiment, *args):
+        results = tmp_path_factory.mktemp(experiment) / "results"
+        args = ["run", experiment, *args, "--results-dir", str(results)]
+        result = CliRunner().invoke(app, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return results
+
+    return run
 
 
 @pytest.fixture

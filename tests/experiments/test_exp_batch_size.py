@@ -2,10 +2,8 @@
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from normprop_cli import config
-from normprop_cli.cli import app
 from normprop_cli.experiments import batch_size
 
 # 2 seeds for an interval; 24 images keep the batch-1 runs (one step per image) to seconds.
@@ -13,13 +11,8 @@ ARGS = ["--preset", "smoke", "--quiet", "--seeds", "2", "dataset.limit=24"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    results = tmp_path_factory.mktemp("batch-size") / "results"
-    result = CliRunner().invoke(
-        app, ["run", "batch-size", *ARGS, "--results-dir", str(results)], catch_exceptions=False
-    )
-    assert result.exit_code == 0, result.output
-    return results
+def results(run_experiment):
+    return run_experiment("batch-size", *ARGS)
 
 
 def test_batch_size_1_trains_and_bn_at_batch_1_is_labelled(results):

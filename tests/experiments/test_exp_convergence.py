@@ -2,22 +2,16 @@
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from normprop_cli import config
-from normprop_cli.cli import app
 from normprop_cli.experiments import convergence, curves
 
 SMOKE = ["--preset", "smoke", "--quiet"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    results = tmp_path_factory.mktemp("convergence") / "results"
-    args = ["run", "convergence", *SMOKE, "--seeds", "2", "--results-dir", str(results)]
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return results
+def results(run_experiment):
+    return run_experiment("convergence", *SMOKE, "--seeds", "2")
 
 
 def test_curves_hold_mean_and_interval_over_the_seeds(results):

@@ -3,10 +3,8 @@
 import pandas as pd
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from normprop_cli import config
-from normprop_cli.cli import app
 from normprop_cli.experiments import covariate_shift
 from normprop_cli.experiments.covariate_shift import UnitProbe, settling
 from normprop_cli.nn import NIN
@@ -15,12 +13,8 @@ UNIT = ["channel", "row", "col"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    results = tmp_path_factory.mktemp("covariate-shift") / "results"
-    args = ["run", "covariate-shift", "--preset", "smoke", "--quiet", "--results-dir", str(results)]
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return results
+def results(run_experiment):
+    return run_experiment("covariate-shift", "--preset", "smoke", "--quiet")
 
 
 def layer_inputs(model: NIN, x: torch.Tensor) -> dict[int, torch.Tensor]:

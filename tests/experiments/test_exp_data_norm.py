@@ -2,20 +2,14 @@
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from normprop_cli import config
-from normprop_cli.cli import app
 from normprop_cli.experiments import data_norm
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    results = tmp_path_factory.mktemp("data-norm") / "results"
-    args = ["run", "data-norm", "--preset", "smoke", "--quiet", "--results-dir", str(results)]
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return results
+def results(run_experiment):
+    return run_experiment("data-norm", "--preset", "smoke", "--quiet")
 
 
 def test_four_settings_each_with_a_test_accuracy_per_epoch(results):

@@ -3,29 +3,14 @@ No assertion on the times themselves: only on how they are read and related."""
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from normprop_cli import config
-from normprop_cli.cli import app
 from normprop_cli.experiments import timing
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    results = tmp_path_factory.mktemp("timing") / "results"
-    args = [
-        "run",
-        "timing",
-        "--preset",
-        "smoke",
-        "--quiet",
-        "train.epochs=3",
-        "--results-dir",
-        str(results),
-    ]
-    result = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return results
+def results(run_experiment):
+    return run_experiment("timing", "--preset", "smoke", "--quiet", "train.epochs=3")
 
 
 def test_timing_is_the_median_after_the_warm_up_with_ratios(results):

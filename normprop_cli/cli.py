@@ -204,7 +204,10 @@ def reproduce_all(
             quiet=quiet or None,
         )
         typer.echo(f"wrote {runner(experiment).run(cfg)}")
-    typer.echo(f"wrote {write_report(Path(cfg.results_dir))}")
+    results = Path(cfg.results_dir)
+    typer.echo(f"wrote {write_report(results)}")
+    if (results.parent / "REPORT.md").exists():  # e.g. results/cpu: the report above it covers it too
+        typer.echo(f"wrote {write_report(results.parent)}")
     typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
 
 

@@ -46,3 +46,48 @@ def epoch_batches(
     if drop_last and batches and len(batches[-1]) < batch_size:
         batches.pop()
     return batches
+
+
+# What `train.augment=true` applies follows the data set (`dataset.augment`, SPEC §6.1): horizontal
+# flips for CIFAR (the paper), none for SVHN, small translations for digits, which are not
+# mirror-symmetric.
+AUGMENTATIONS = ("flip", "translate", "none")
+
+
+def random_shifts(n: int, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """An int64 [n, 2] tensor of (dy, dx) shifts, each uniform in [-max_shift, max_shift]."""
+    return torch.randint(-max_shift, max_shift + 1, (n, 2), generator=generator, device=generator.device)
+
+
+def translate_batch(x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Shift each image of x [N, C, H, W] by its (dy, dx) of `shifts` [N, 2] (down and right for
+    positive values); what enters from outside the image is 0. Same shape and dtype as x."""
+    if shifts.shape != (len(x), 2):
+        raise ValueError(f"shifts of shape {tuple(shifts.shape)} for a batch of {len(x)} images")
+    n, _, h, w = x.shape
+    pad = int(shifts.abs().max()) if n else 0
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    shifts = shifts.to(x.device)
+    rows = torch.arange(h, device=x.device) + pad - shifts[:, :1]  # [N, H]
+    cols = torch.arange(w, device=x.device) + pad - shifts[:, 1:]  # [N, W]
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    # advanced indices around a slice put their dimensions first: [N, H, W, C]
+    return padded[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+
+
+def draw_augmentation(kind: str, n: int, generator: torch.Generator, max_shift: int = 0) -> torch.Tensor | None:
+    """One epoch's random draws for n images: a flip mask [n], shifts [n, 2], or None."""
+    if kind == "flip":
+        return flip_mask(n, generator)
+    if kind == "translate":
+        return random_shifts(n, max_shift, generator)
+    if kind == "none":
+        return None
+    raise ValueError(f"unknown augmentation {kind!r}; known: {', '.join(AUGMENTATIONS)}")
+
+
+def augment_batch(x: torch.Tensor, drawn: torch.Tensor | None) -> torch.Tensor:
+    """Apply a batch's slice of `draw_augmentation`'s draws (a flip mask or shifts) to x."""
+    if drawn is None:
+        return x
+    return flip_batch(x, drawn) if drawn.dtype == torch.bool else translate_batch(x, drawn)

@@ -44,10 +44,11 @@ def run_dir(cfg: DictConfig, name: str) -> Path:
 
 
 def expand_grid(cfg: DictConfig) -> list[RunSpec]:
-    """The experiment's `grid` (settings, each a few dotted overrides) times its seeds."""
+    """The experiment's `grid` (settings, each a few dotted overrides) times its seeds. An entry's
+    own `seeds: N` keeps only the first N of them (e.g. one costly full-width run)."""
     specs = []
     for entry in cfg.get("grid") or [{"id": "default", "set": {}}]:
-        for k in range(int(cfg.seeds)):
+        for k in range(min(int(cfg.seeds), int(entry.get("seeds") or cfg.seeds))):
             seed = int(cfg.seed) + k
             run = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
             for key, value in (entry.get("set") or {}).items():

@@ -38,8 +38,23 @@ def run_row(spec: RunSpec, manifest: dict | None) -> dict:
             "best_val_epoch": int(best["epoch"]),
             "best_val_test_error": 100.0 - best["test_acc"],
             "median_epoch_seconds": m["epoch_seconds"].median(),
+            "learned": learned(m["test_acc"].iloc[-1], spec.cfg),
         }
     return row
+
+
+LEARNED_MARGIN = 5.0  # SPEC §6.1: a run within 5 points of chance did not learn
+
+
+def chance(cfg) -> float:
+    """Chance accuracy (%) of the run's data set."""
+    return 100.0 / int(cfg.dataset.get("num_classes") or 10)
+
+
+def learned(final_test_acc: float, cfg) -> bool:
+    """Did the run learn: a final test accuracy more than 5 points above chance (SPEC §6.1)? Runs that
+    did not are labelled so and kept out of headlines; their numbers stay in the CSVs."""
+    return bool(final_test_acc > chance(cfg) + LEARNED_MARGIN)
 
 
 def write_summary(cfg, rows: Sequence[dict]) -> Path:

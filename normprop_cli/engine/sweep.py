@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import device as devices
 from normprop_cli.data import DataError, available_datasets, load_dataset
+from normprop_cli.data.augment import AUGMENTATIONS
 from normprop_cli.engine.progress import QuietProgress, console, make_progress
 from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
 from normprop_cli.engine.trainer import Observer, Progress, train_run
@@ -40,6 +41,14 @@ def validate(spec: RunSpec) -> None:
             "at batch size 1 (as the paper does, section 5.4)",
         ),
     ]
+    augment = spec.cfg.dataset.get("augment", "flip")
+    checks.append(
+        (
+            not (t.augment and augment == "none"),
+            f"run {name}: train.augment=true, but {spec.cfg.dataset.name} has no augmentation (dataset.augment=none, "
+            "as in the paper); drop train.augment=true or set dataset.augment=flip|translate",
+        )
+    )
     for ok, message in checks:
         if not ok:
             raise UserError(message)
@@ -47,6 +56,7 @@ def validate(spec: RunSpec) -> None:
         ("model.norm", ("none", "batchnorm", "normprop")),
         ("train.data_norm", ("global", "batch")),
         ("model.jacobian", ("divide", "init", "off")),
+        ("dataset.augment", AUGMENTATIONS),
     ):
         value = OmegaConf.select(spec.cfg, key)
         if value not in known:

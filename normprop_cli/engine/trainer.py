@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
 from normprop_cli.data import Dataset, make_data_norm, to_float
+from normprop_cli.data.augment import augment_batch, draw_augmentation
 from normprop_cli.device import describe, synchronize
 from normprop_cli.engine.runs import (
     CHECKPOINT,
@@ -52,7 +53,12 @@ METRIC_COLUMNS = [
 
 
 class Observer(Protocol):
-    """Something measured on the model before training and after every epoch (e.g. Fig. 2's units)."""
+    """Something measured on the model before training and after every epoch (e.g. Fig. 2's units).
+
+    An observer that must remember something across epochs (e.g. each unit's value at
+    initialisation) may also define `state_dict() -> dict` and `load_state_dict(state)`: the trainer
+    keeps that state in the run's checkpoint, so a resumed run observes exactly as an uninterrupted
+    one (tensors, numbers, strings, lists and dicts only: checkpoints load with weights_only=True)."""
 
     name: str  # rows go to runs/<run>/<name>.csv
 
@@ -77,6 +83,7 @@ class Run:
     extra: dict[str, list[dict]]
     epoch: int = 0
     step: Callable | None = None  # engine.step.make_step; not part of the checkpoint
+    observers: Sequence[Observer] = ()
 
     def state(self) -> dict:
         return {
@@ -86,6 +93,7 @@ class Run:
             "history": self.history,
             "extra": self.extra,
             "epoch": self.epoch,
+            "observers": {o.name: o.state_dict() for o in self.observers if hasattr(o, "state_dict")},
         }
 
     def load(self, state: dict) -> None:
@@ -93,6 +101,9 @@ class Run:
         self.data_norm.load_state_dict(state["data_norm"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.history, self.extra, self.epoch = state["history"], state["extra"], state["epoch"]
+        for o in self.observers:
+            if hasattr(o, "load_state_dict") and o.name in state.get("observers", {}):
+                o.load_state_dict(state["observers"][o.name])
 
 
 def build_model(model_cfg: DictConfig, data: Dataset) -> torch.nn.Module:
@@ -185,6 +196,7 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Se
         history=[],
         extra={o.name: [] for o in observers},
         step=step,
+        observers=tuple(observers),
     )
 
 
@@ -198,11 +210,11 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
     t0 = time.perf_counter()
     lr = t.lr * 0.5 ** (run.epoch // t.lr_halve_every)  # halved every N epochs (section 4.4)
     set_lr(run.optimizer, lr)
-    # The epoch's shuffle and flips come from (seed, epoch) alone, so a resumed run repeats them.
+    # The epoch's shuffle and augmentation come from (seed, epoch) alone, so a resumed run repeats them.
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + run.epoch)
     n, bs = len(data.train), int(t.batch_size)
     order = torch.randperm(n, generator=gen).to(device)
-    flips = (torch.rand(n, generator=gen) < 0.5).to(device) if t.augment else None
+    drawn = augmentation(cfg, n, gen, device)
     steps = steps_per_epoch(n, bs)
     run.model.train()
     run.data_norm.train()
@@ -211,8 +223,8 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
     for step in range(steps):
         idx = order[step * bs : (step + 1) * bs]
         x = data.train.x[idx]
-        if flips is not None:
-            x = torch.where(flips[step * bs : (step + 1) * bs, None, None, None], x.flip(-1), x)
+        if drawn is not None:
+            x = augment_batch(x, drawn[step * bs : (step + 1) * bs])
         loss, right = run.step(x, data.train.y[idx])
         loss_sum += loss * len(idx)
         correct += right
@@ -230,6 +242,16 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
         "images_per_second": seen / train_seconds,
         "_t0": t0,
     }
+
+
+def augmentation(cfg: DictConfig, n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor | None:
+    """The epoch's draws (on the CPU generator) of the data set's augmentation, `dataset.augment`:
+    flips for CIFAR, translations for digits; only when `train.augment` is true."""
+    if not cfg.train.augment:
+        return None
+    kind = cfg.dataset.get("augment", "flip")
+    drawn = draw_augmentation(kind, n, gen, int(cfg.dataset.get("translate_pixels", 0)))
+    return None if drawn is None else drawn.to(device)
 
 
 def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") -> Callable[[], Iterator]:

@@ -16,6 +16,7 @@ RUNNERS = {
     "batch-size": "normprop_cli.experiments.batch_size",
     "table1": "normprop_cli.experiments.table1",
     "timing": "normprop_cli.experiments.timing",
+    "drift": "normprop_cli.experiments.drift",  # beyond the paper (SPEC §11)
 }
 
 

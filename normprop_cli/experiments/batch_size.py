@@ -3,24 +3,32 @@ seeds; plus BatchNorm at batch size 1, where the paper says BN does not apply.
 
     normprop run batch-size [--preset paper] [--seeds 3]
 
-epochs.csv   every run's metrics, one row per run and epoch
-curves.csv   setting, method, batch_size, initial_lr, label, epoch, n, mean, sd, ci_low, ci_high:
-             test accuracy (%) over seeds with its 95% Student-t interval
-summary.csv  one row per run: engine columns + batch_size, initial_lr, data_norm, label,
+Every batch size trains on the full training split (SPEC §6.1), and its learning rate comes from a
+small sweep on the validation split: each setting's YAML rate times `experiment.lr_sweep.factors`,
+`lr_sweep.epochs` epochs, the first seed; the best final validation accuracy wins.
+
+lr_sweep.csv  setting, method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen
+epochs.csv   every run's metrics, one row per run and epoch, with `updates` (SGD steps so far)
+curves.csv   setting, method, batch_size, initial_lr, label, epoch, updates, n, mean, sd, ci_low,
+             ci_high: test accuracy (%) over seeds with its 95% Student-t interval
+summary.csv  one row per run: engine columns + batch_size, initial_lr, data_norm, label, updates,
              final_test_acc, best_test_acc
-batch_size.png/.pdf  test accuracy vs epoch per batch size, caps showing the 95% interval
+batch_size.png/.pdf  test accuracy vs epoch (the paper) and vs SGD updates, per batch size
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.trainer import steps_per_epoch
 from normprop_cli.experiments import curves
 
 KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
+SWEEP = ["setting", "method", "batch_size", "lr", "seed", "epochs", "val_acc", "val_loss", "chosen"]
 BN_NOTE = "the paper: BN not applicable"
 
 
@@ -29,32 +37,99 @@ def label(method: str, batch_size: int, lr: float) -> str:
     return f"{curves.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{note}"
 
 
+def sweep_grid(cfg: DictConfig) -> tuple[DictConfig, dict[str, str]]:
+    """The validation sweep as a grid of its own: every setting at each candidate rate, the first
+    seed; and which setting each sweep entry belongs to."""
+    sweep = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    s = cfg.experiment.lr_sweep
+    entries, owner = [], {}
+    for entry in cfg.grid:
+        base = float(entry.set["train.lr"])
+        for factor in s.factors:
+            lr = float(f"{base * float(factor):.6g}")
+            name = f"sweep-{entry.id}-lr{lr:g}"
+            entries.append({"id": name, "set": dict(entry.set) | {"train.lr": lr, "train.epochs": int(s.epochs)}})
+            owner[name] = entry.id
+    sweep.grid, sweep.seeds = entries, 1
+    return sweep, owner
+
+
+def choose_rates(cfg: DictConfig) -> pd.DataFrame:
+    """Train the sweep; per setting, mark the rate with the best final validation accuracy (ties: the
+    lower validation loss)."""
+    grid, owner = sweep_grid(cfg)
+    specs = expand_grid(grid)
+    run_sweep(grid, specs)
+    epochs = curves.gather(specs, columns={"batch_size": "train.batch_size", "lr": "train.lr"})
+    rows = []
+    for spec in specs:
+        m = curves.of_run(epochs, spec.name)
+        last = m.iloc[-1] if len(m) else {"val_acc": float("nan"), "val_loss": float("nan"), "epoch": 0}
+        t = spec.cfg.train
+        rows.append({"setting": owner[spec.setting], "method": spec.cfg.model.norm, "batch_size": int(t.batch_size),
+                     "lr": float(t.lr), "seed": spec.seed, "epochs": int(last["epoch"]), "val_acc": last["val_acc"],
+                     "val_loss": last["val_loss"]})  # fmt: skip
+    table = pd.DataFrame(rows, columns=SWEEP[:-1])
+    best = table.sort_values(["val_acc", "val_loss"], ascending=[False, True], kind="stable")
+    winners = set(best.groupby("setting", sort=False).head(1).index)
+    table["chosen"] = [i in winners for i in table.index]
+    curves.write(cfg, "lr_sweep", table)
+    return table
+
+
+def with_rates(cfg: DictConfig, sweep: pd.DataFrame) -> DictConfig:
+    """The experiment's grid with each setting's chosen learning rate."""
+    chosen = sweep[sweep["chosen"]].set_index("setting")["lr"]
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for entry in out.grid:
+        entry.set["train.lr"] = float(chosen[entry.id])
+    return out
+
+
 def run(cfg: DictConfig) -> Path:
+    cfg = with_rates(cfg, choose_rates(cfg))
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
     epochs = curves.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
+    per_epoch = {
+        spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
+    }
     if len(epochs):
         epochs.insert(
             6,
             "label",
             [label(*r) for r in zip(epochs["method"], epochs["batch_size"], epochs["initial_lr"], strict=True)],
         )
+        epochs.insert(7, "updates", epochs["epoch"] * epochs["run"].map(per_epoch))
 
     def columns(spec):
         t = spec.cfg.train
         return {"batch_size": t.batch_size, "initial_lr": t.lr, "data_norm": t.data_norm,
-                "label": label(spec.cfg.model.norm, t.batch_size, t.lr)}  # fmt: skip
+                "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
+                "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
 
     out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
+    curve = curves.read(cfg, "curves")
+    steps = epochs.groupby(KEYS[:1] + ["epoch"])["updates"].first() if len(epochs) else None
+    if steps is not None and len(curve):
+        curve.insert(6, "updates", [steps[(s, e)] for s, e in zip(curve["setting"], curve["epoch"], strict=True)])
+        curves.write(cfg, "curves", curve)
     plot(cfg)
     return out
 
 
+def updates_per_epoch(manifest: dict | None, cfg: DictConfig) -> int:
+    """SGD steps per epoch: the training split's size (from the run's manifest) over the batch size."""
+    n = ((manifest or {}).get("dataset_info") or {}).get("sizes", {}).get("train", 0)
+    return steps_per_epoch(int(n), int(cfg.train.batch_size))
+
+
 def plot(cfg: DictConfig) -> list[Path]:
-    """Fig. 4: one curve per batch size (NormProp solid; BN at batch 1 dashed, grey)."""
+    """Fig. 4: one curve per batch size (NormProp solid; BN at batch 1 dashed, grey), against epochs
+    (the paper's axis) and against SGD updates (a batch of 1 takes 50 times the steps of a batch of 50)."""
     plt = curves.pyplot()
     curve = curves.read(cfg, "curves")
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
     groups = list(curve.groupby(KEYS, sort=False))
@@ -63,23 +138,37 @@ def plot(cfg: DictConfig) -> list[Path]:
             style = {"color": f"C{normprop_sizes.index(batch_size)}"}
         else:
             style = {"color": "0.4", "linestyle": "--", "marker": "x"}
-        curves.plot_curve(ax, c, text, dodge=dodge, **style)
-    curves.accuracy_axes(ax, cfg, "Fig. 4: batch size, NormProp (global data norm), 95% CI")
+        curves.plot_curve(axes[0], c, text, dodge=dodge, **style)
+        if "updates" in c:
+            curves.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
+    curves.accuracy_axes(axes[0], cfg, "Fig. 4: batch size, NormProp (global data norm), 95% CI")
+    axes[0].title.set_fontsize(9)
+    axes[1].set_ylim(axes[0].get_ylim())  # accuracy in [0, 100], as on the left
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("SGD updates (log scale)")
+    axes[1].set_ylabel("test accuracy (%)")
+    axes[1].set_title("the same runs against the number of SGD updates", fontsize=10)
+    fig.subplots_adjust(bottom=0.3, wspace=0.25)
     return curves.save(fig, cfg, "batch_size")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Final mean accuracy with its 95% interval per batch size; the trend the paper describes."""
+    """Final mean accuracy with its 95% interval per batch size, at its chosen learning rate; the
+    trend the paper describes."""
     curve = curves.read(cfg, "curves")
+    summary = curves.read(cfg, "summary")
     last = curves.last_epoch(curve, KEYS)
-    rows = [
-        {
-            "quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}, {r['label']}",
-            "reproduced": curves.format_ci(r["mean"], r["ci_low"], r["ci_high"]),
-            "paper": "",
-        }
-        for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows()
-    ]
+    rows = []
+    for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
+        runs = summary[summary["setting"] == r["setting"]]
+        if "learned" in runs and not runs["learned"].astype(bool).any():
+            text = f"did not learn ({r['mean']:.2f}, within 5 points of chance)"
+        else:
+            text = curves.format_ci(r["mean"], r["ci_low"], r["ci_high"])
+        updates = f", {int(r['updates'])} updates" if "updates" in r else ""
+        rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
+                                 f"{updates}, {r['label']}",
+                     "reproduced": text, "paper": ""})  # fmt: skip
     normprop = last[last["method"] == "normprop"].sort_values("batch_size")
     if len(normprop) > 1:
         best = normprop.loc[normprop["mean"].idxmax()]
@@ -88,7 +177,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             {
                 "quantity": "NormProp: best batch size by final accuracy; spread over batch sizes (pp)",
                 "reproduced": f"batch {int(best['batch_size'])}; {spread:.2f}",
-                "paper": cfg.experiment.paper_claim,
+                "paper": f"{cfg.experiment.paper_claim} (CIFAR-10)",
             }
         )
-    return rows
+    return rows + curves.not_learned(cfg)

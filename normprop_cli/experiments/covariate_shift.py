@@ -1,197 +1,238 @@
-"""Fig. 2 (section 5.2): internal covariate shift. Before training and after every epoch, the mean
-and std over the test set of the input to one randomly chosen, fixed unit of each hidden layer 2..9.
+"""Fig. 2 (section 5.2): internal covariate shift. Before training and after every epoch, over the
+test set, the input of the hidden layers 2..9 at the input of their convolution, in standard units
+(experiments.probes): the paper's metric on a few probed units, and the population metric of SPEC 6.1.
 
     normprop run covariate-shift [--preset paper]
 
-runs/<run>/unit_stats.csv  layer, channel, row, col, epoch, n, mean, std (the probe's rows)
-unit_stats.csv   the same for every run, with run, setting, method, seed, initial_lr
-settling.csv     method, seed, layer, band, final_epoch, final_mean, settled_after_epoch, settled:
-                 the first epoch from which the mean stays within +-band of its final value
-summary.csv      one row per run: engine columns + initial_lr, avg_abs_final_mean (over layers
-                 2..9), band, last_settled_after_epoch (the latest over the layers)
-covariate_shift.png/.pdf  the mean vs epoch, one panel per layer, the methods as lines
+runs/<run>/unit_stats.csv  probes.UNIT_COLUMNS: layer, draw, channel, row, col, epoch, n, mean, std
+runs/<run>/population.csv  probes.POPULATION_COLUMNS: layer, epoch, units, avg_abs_mean, avg_std,
+                           avg_drift, units_constant_at_init
+unit_stats.csv   every run's unit rows, with run, setting, method, seed, initial_lr
+population.csv   every run's population rows, with run, setting, method, seed
+probes.csv       one row per run and draw: the paper's metric, the average over layers 2..9 of
+                 |final mean| (avg_abs_final_mean), with final_epoch and layers
+settling.csv     per run, layer and draw: band, final_epoch, final_mean, settled_after_epoch, settled:
+                 the first epoch from which the unit's mean stays within +-band of its final value
+summary.csv      one row per run: engine columns + initial_lr, band, probe_draws, avg_abs_final_mean
+                 (mean over draws), avg_abs_final_mean_sd (sd over draws), final_population_abs_mean,
+                 final_population_drift (final epoch, mean over layers 2..9), last_settled_after_epoch
+covariate_shift.png/.pdf  the probed units' means vs epoch, one panel per layer (Fig. 2)
+population.png/.pdf       the population's average |mean| and drift vs epoch, one panel per layer
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib.ticker import MaxNLocator
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.summary import run_row, write_summary
+from normprop_cli.errors import UserError
 from normprop_cli.experiments import curves
+from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
 
-FIRST_LAYER = 2  # Fig. 2 shows the inputs of the last 8 of the 9 conv layers
-PROBE = ["layer", "channel", "row", "col", "epoch", "n", "mean", "std"]  # runs/<run>/unit_stats.csv
-SETTLING = ["run", "setting", "method", "seed", "layer", "band", "final_epoch", "final_mean",
-            "settled_after_epoch", "settled"]  # fmt: skip
-
-
-class UnitProbe:
-    """An Observer (engine.trainer): the input of one unit (channel, row, col) of each hidden layer
-    2..9, hooked before the layer, in evaluation mode. The units are drawn from the run's seed
-    alone, so every method of a seed probes the same units, and a resumed run the same as before.
-    At epoch 0 BN's running estimates are still their initial (0, 1): BN has seen no data yet."""
-
-    name = "unit_stats"
-
-    def __init__(self, seed: int):
-        self.seed = seed
-
-    def unit(self, layer: int, shape: torch.Size) -> tuple[int, int, int]:
-        """The unit of `layer` for inputs of `shape` (C, H, W): uniform, from (seed, layer) only."""
-        rng = np.random.default_rng([self.seed, layer])
-        return tuple(int(rng.integers(size)) for size in shape)
-
-    @torch.no_grad()
-    def observe(self, model: torch.nn.Module, batches: Callable[[], Iterator], epoch: int) -> list[dict]:
-        acc: dict[int, dict] = {}
-
-        def hook(layer):
-            def record(module, inputs):
-                x = inputs[0]
-                if layer not in acc:
-                    unit = self.unit(layer, x.shape[1:])
-                    acc[layer] = {"unit": unit, "n": 0, "s": 0.0, "ss": 0.0}
-                a = acc[layer]
-                v = x[(slice(None), *a["unit"])].double()
-                a["n"] += v.numel()
-                a["s"] += v.sum().item()
-                a["ss"] += v.square().sum().item()
-
-            return record
-
-        layers = model.hidden_layers()[FIRST_LAYER - 1 :]
-        handles = [m.register_forward_pre_hook(hook(k)) for k, m in enumerate(layers, start=FIRST_LAYER)]
-        training = model.training
-        model.eval()
-        try:
-            for x, _ in batches():
-                model(x)
-        finally:
-            for h in handles:
-                h.remove()
-            model.train(training)
-        rows = []
-        for layer in sorted(acc):
-            a = acc[layer]
-            mean = a["s"] / a["n"]
-            std = max(a["ss"] / a["n"] - mean * mean, 0.0) ** 0.5
-            values = (layer, *a["unit"], epoch, a["n"], mean, std)
-            rows.append(dict(zip(PROBE, values, strict=True)))
-        return rows
+RUN = ["run", "setting", "method", "seed"]
+SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
+PROBES = [*RUN, "initial_lr", "draw", "final_epoch", "layers", "avg_abs_final_mean"]
+NOT_IN_PAPER = "not in the paper (SPEC 6.1)"
 
 
 def settling(stats: pd.DataFrame, band: float) -> pd.DataFrame:
-    """Per run and layer: the first epoch from which the unit's mean stays within +-band of its
+    """Per run, layer and draw: the first epoch from which the unit's mean stays within +-band of its
     final value (`settled` is False when only the last epoch is: not settled before the end)."""
     if not len(stats):
         return pd.DataFrame(columns=SETTLING)
     rows = []
-    for (run, setting, method, seed, layer), g in stats.groupby(SETTLING[:5], sort=False):
+    for key, g in stats.groupby([*RUN, "layer", "draw"], sort=False):
         g = g.sort_values("epoch")
         means, epochs = g["mean"].to_numpy(), g["epoch"].to_numpy()
         outside = np.flatnonzero(np.abs(means - means[-1]) > band)
         first = int(epochs[outside[-1] + 1]) if len(outside) else int(epochs[0])
-        values = (run, setting, method, seed, layer, band, int(epochs[-1]), means[-1], first,
-                  bool(first < epochs[-1]))  # fmt: skip
+        values = (*key, band, int(epochs[-1]), means[-1], first, bool(first < epochs[-1]))
         rows.append(dict(zip(SETTLING, values, strict=True)))
     return pd.DataFrame(rows, columns=SETTLING)
 
 
+def paper_metric(stats: pd.DataFrame) -> pd.DataFrame:
+    """Per run and draw: the average over layers 2..9 of |final mean| (section 5.2: 0.19 vs 0.33)."""
+    if not len(stats):
+        return pd.DataFrame(columns=PROBES)
+    final = stats.sort_values("epoch", kind="stable").groupby(["run", "layer", "draw"], sort=False).tail(1)
+    table = (
+        final.assign(abs_final_mean=final["mean"].abs())
+        .groupby([*RUN, "initial_lr", "draw"], sort=False)
+        .agg(final_epoch=("epoch", "max"), layers=("layer", "nunique"), avg_abs_final_mean=("abs_final_mean", "mean"))
+        .reset_index()
+    )
+    return table[PROBES]
+
+
+def final_population(population: pd.DataFrame, run: str) -> dict:
+    """A run's population metric at its last epoch, the mean over layers."""
+    p = curves.of_run(population, run)
+    if not len(p):
+        return {}
+    last = p[p["epoch"] == p["epoch"].max()]
+    return {
+        "final_population_abs_mean": last["avg_abs_mean"].mean(),
+        "final_population_drift": last["avg_drift"].mean(),
+    }
+
+
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed)])
+    draws = int(cfg.experiment.probe_draws)
+    manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
     stats = curves.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
-    curves.write(cfg, "unit_stats", stats)
+    _refuse_stale(cfg, stats)
+    population = curves.gather(specs, PopulationProbe.name)
     band = float(cfg.experiment.band)
-    settled = settling(stats, band)
-    curves.write(cfg, "settling", settled)
+    probes, settled = paper_metric(stats), settling(stats, band)
+    for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
+        curves.write(cfg, name, table)
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
-        row = run_row(spec, manifest) | {"initial_lr": spec.cfg.train.lr, "band": band}
-        s = settled[settled["run"] == spec.name] if len(settled) else settled
-        if len(s):
+        row = run_row(spec, manifest) | {"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
+        p, s = curves.of_run(probes, spec.name), curves.of_run(settled, spec.name)
+        if len(p):
             row |= {
-                "avg_abs_final_mean": s["final_mean"].abs().mean(),
+                "avg_abs_final_mean": p["avg_abs_final_mean"].mean(),
+                "avg_abs_final_mean_sd": p["avg_abs_final_mean"].std(ddof=1),
                 "last_settled_after_epoch": int(s["settled_after_epoch"].max()),
             }
-        rows.append(row)
+        rows.append(row | final_population(population, spec.name))
     out = write_summary(cfg, rows)
     plot(cfg)
     return out
 
 
+def _refuse_stale(cfg: DictConfig, stats: pd.DataFrame) -> None:
+    """Finished runs of an older probe (one unit per layer, BN read after its ReLU, no draw column)
+    are skipped by the sweep; their numbers must not be mixed with these."""
+    if not len(stats):
+        return
+    stale = sorted(stats["run"].unique() if "draw" not in stats else stats.loc[stats["draw"].isna(), "run"].unique())
+    if stale:
+        raise UserError(
+            f"run(s) {', '.join(stale)} in {sweep_dir(cfg)} were probed by an older version of this experiment; "
+            "remove their runs/<run> directories and run again"
+        )
+
+
 def plot(cfg: DictConfig) -> list[Path]:
-    """Fig. 2: one panel per hidden layer 2..9, the unit's mean vs epoch per method. The
-    unnormalised net, "incomparable due to extreme variations", has its own axis on the right."""
+    return [*plot_units(cfg), *plot_population(cfg)]
+
+
+def plot_units(cfg: DictConfig) -> list[Path]:
+    """Fig. 2: one panel per hidden layer 2..9; per method, every probed unit of the first seed as a
+    thin line and their mean in bold. The unnormalised net, "incomparable due to extreme
+    variations", has its own axis on the right."""
     plt = curves.pyplot()
     stats = curves.read(cfg, "unit_stats")
-    layers = sorted(stats["layer"].unique())
     first_seed = stats["seed"].min()
+    stats = stats[stats["seed"] == first_seed]
+    layers = sorted(stats["layer"].unique())
     fig, axes = plt.subplots(2, (len(layers) + 1) // 2, figsize=(13, 5.8), sharex=True, squeeze=False)
-    handles = {}
+    handles, twins = {}, {}
     for ax, layer in zip(axes.flat, layers, strict=False):
         ax.axhline(0.0, color="0.6", linewidth=0.6, linestyle=":")
-        right = None
-        for (method, seed), g in stats[stats["layer"] == layer].groupby(["method", "seed"], sort=False):
-            if method == "none":
-                right = right or ax.twinx()
-            first = seed == first_seed
-            (line,) = (right if method == "none" else ax).plot(
-                g["epoch"],
-                g["mean"],
-                color=curves.METHOD_COLORS.get(method, "C2"),
-                marker="o",
-                markersize=2,
-                linewidth=1.2 if first else 0.6,
-                alpha=1.0 if first else 0.4,
-                linestyle="--" if method == "none" else "-",
-            )
-            where = " (right axis)" if method == "none" else ""
-            handles.setdefault(f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}", line)
-        if right is not None:
-            right.tick_params(axis="y", colors=curves.METHOD_COLORS["none"], labelsize=7)
-            _readable(right)
-        ax.tick_params(labelsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        _readable(ax)
-        unit = stats[(stats["layer"] == layer) & (stats["seed"] == first_seed)].iloc[0]
-        ax.set_title(
-            f"layer {layer}, unit (c, h, w) = ({unit['channel']}, {unit['row']}, {unit['col']})"
-            + (f", seed {first_seed}" if stats["seed"].nunique() > 1 else ""),
-            fontsize=8,
-        )
-    for ax in axes[-1]:
-        ax.set_xlabel("epoch")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("input mean")
+        for method, g in _by_method(stats[stats["layer"] == layer]):
+            target, style = _axis(ax, method, twins), _style(method)
+            for _, d in g.groupby("draw"):
+                target.plot(d["epoch"], d["mean"], linewidth=0.5, alpha=0.35, **style)
+            mean = g.groupby("epoch")["mean"].mean()
+            (line,) = target.plot(mean.index, mean.to_numpy(), marker="o", markersize=2, linewidth=1.8, **style)
+            handles.setdefault(_label(method, g), line)
+        ax.set_title(f"layer {layer}", fontsize=8)
+    draws = stats["draw"].nunique()
+    _finish(fig, axes, twins, handles)
+    fig.supylabel("mean of the input (standard units)", x=0.005, fontsize=9)
+    fig.subplots_adjust(left=0.065)
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
-    fig.legend(
-        handles.values(),
-        handles.keys(),
-        loc="lower center",
-        ncol=len(handles),
-        frameon=False,
-        fontsize=8,
-    )
-    seeds = "" if stats["seed"].nunique() == 1 else "; thin lines: other seeds, other units"
     fig.suptitle(
         curves.title(
             cfg,
-            f"Fig. 2: mean over the test set of the input to one fixed unit per hidden layer{seeds}",
+            f"Fig. 2: mean over the test set of {draws} probed units' inputs per layer "
+            f"(thin: each unit, bold: their mean), seed {first_seed}",
         ),
         fontsize=10,
     )
-    fig.subplots_adjust(left=0.05, right=0.95, bottom=0.15, top=0.88, wspace=0.4, hspace=0.3)
     return curves.save(fig, cfg, "covariate_shift")
+
+
+def plot_population(cfg: DictConfig) -> list[Path]:
+    """SPEC 6.1: per layer 2..9, over all input-dependent units, the average |mean| (top) and the
+    average drift from initialisation in initial stds (bottom) vs epoch, mean over seeds. The drift
+    has no scale, so every method shares its axis; the unnormalised net's |mean| has its own."""
+    plt = curves.pyplot()
+    population = curves.read(cfg, "population")
+    layers = sorted(population["layer"].unique())
+    fig, axes = plt.subplots(2, len(layers), figsize=(2.1 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
+    handles, twins = {}, {}
+    for col, layer in enumerate(layers):
+        for method, g in _by_method(population[population["layer"] == layer]):
+            mean = g.groupby("epoch")[["avg_abs_mean", "avg_drift"]].mean()
+            for row, quantity in enumerate(mean.columns):
+                target = _axis(axes[row, col], method, twins) if quantity == "avg_abs_mean" else axes[row, col]
+                (line,) = target.plot(mean.index, mean[quantity], marker="o", markersize=2, **_style(method))
+            handles.setdefault(
+                curves.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
+            )
+        axes[0, col].set_title(f"layer {layer}", fontsize=8)
+    axes[0, 0].set_ylabel("average |mean|")
+    axes[1, 0].set_ylabel("average drift (initial stds)")
+    _finish(fig, axes, twins, handles)
+    seeds = population["seed"].nunique()
+    fig.suptitle(
+        curves.title(
+            cfg, f"Population metric (SPEC 6.1): all input-dependent units per layer, mean over {seeds} seed(s)"
+        ),
+        fontsize=10,
+    )
+    return curves.save(fig, cfg, "population")
+
+
+def _by_method(frame: pd.DataFrame):
+    return sorted(frame.groupby("method", sort=False), key=lambda mg: curves.method_rank(mg[0]))
+
+
+def _style(method: str) -> dict:
+    return {"color": curves.METHOD_COLORS.get(method, "C2"), "linestyle": "--" if method == "none" else "-"}
+
+
+def _label(method: str, g: pd.DataFrame) -> str:
+    where = " (right axis)" if method == "none" else ""
+    return f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}"
+
+
+def _axis(ax, method: str, twins: dict):
+    """The unnormalised net gets its own axis on the right of `ax`."""
+    if method != "none":
+        return ax
+    if ax not in twins:
+        twins[ax] = ax.twinx()
+    return twins[ax]
+
+
+def _finish(fig, axes, twins: dict, handles: dict) -> None:
+    """Integer epochs, readable y ranges, the x labels and one legend below the panels."""
+    for ax in axes.flat:
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _readable(ax)
+    for right in twins.values():
+        right.tick_params(axis="y", colors=curves.METHOD_COLORS["none"], labelsize=7)
+        _readable(right)
+    for ax in axes[-1]:
+        ax.set_xlabel("epoch")
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
+    fig.subplots_adjust(left=0.05, right=0.95, bottom=0.15, top=0.88, wspace=0.45, hspace=0.3)
 
 
 def _readable(ax) -> None:
@@ -205,36 +246,72 @@ def _readable(ax) -> None:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Average |final mean| over layers 2..9 per method; when every layer's mean settles."""
-    settled = curves.read(cfg, "settling")
-    if not len(settled):
+    """Per method that learned: the paper's metric (mean and 95% interval over seeds of each seed's
+    average over draws, and the spread over draws), the population metric and the settling epoch;
+    one row per method whose runs did not learn (SPEC 6.1: kept out of the headlines)."""
+    summary = curves.read(cfg, "summary")
+    if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
-    paper_avg = cfg.experiment.paper_avg_abs_final_mean
-    paper_settled = cfg.experiment.paper_settled
-    band = settled["band"].iloc[0]
+    learned = _learned(summary)
+    kept = summary[learned]
+    settled = curves.read(cfg, "settling")
+    settled = settled[settled["run"].isin(kept["run"])]
     rows = []
-    for method, g in settled.groupby("method", sort=False):
-        per_run = g.assign(a=g["final_mean"].abs()).groupby("run")["a"].mean()
-        rows.append(
-            {
-                "quantity": f"average |final mean| of the probed inputs, layers 2-9, {curves.method_label(method)}",
-                "reproduced": round(float(per_run.mean()), 3),
-                "paper": paper_avg.get(method, ""),
-            }
+    for method, g in _by_method(kept):
+        label, draws, spread = (
+            curves.method_label(method),
+            int(g["probe_draws"].max()),
+            g["avg_abs_final_mean_sd"].mean(),
         )
-    for method, g in settled.groupby("method", sort=False):
-        never = sorted(g.loc[~g["settled"], "layer"].unique().tolist())
-        epochs = int(g["final_epoch"].max())
-        if never:
-            text = f"not by epoch {epochs}: layer(s) {', '.join(map(str, never))} still moving"
-        else:
-            text = f"{int(g['settled_after_epoch'].max())} of {epochs}"
-        rows.append(
-            {
-                "quantity": f"epoch after which every layer's mean stays within +-{band:g} "
-                f"of its final value, {curves.method_label(method)}",
-                "reproduced": text,
-                "paper": paper_settled.get(method, ""),
-            }
+        paper = _paper(cfg, cfg.experiment.paper_avg_abs_final_mean.get(method, ""))
+        what = f"{draws} probed units per layer (sd over draws {spread:.3f})"
+        rows += [
+            _ci_row(f"average |final mean| over layers 2-9 of {what}, {label}", g["avg_abs_final_mean"], paper),
+            _ci_row(
+                f"final average |mean| of all units, mean over layers 2-9, {label}", g["final_population_abs_mean"]
+            ),
+            _ci_row(f"final average drift of all units, mean over layers 2-9, {label}", g["final_population_drift"]),
+        ]
+    band = float(cfg.experiment.band)
+    for method, g in _by_method(settled):
+        per_draw = g.groupby(["run", "draw"]).agg(epoch=("settled_after_epoch", "max"), settled=("settled", "all"))
+        epochs, moving = int(g["final_epoch"].max()), int((~per_draw["settled"]).sum())
+        quantity = (
+            f"epoch after which every layer's probed mean stays within +-{band:g} of its final value "
+            f"(median over {len(per_draw)} run-draws), {curves.method_label(method)}"
         )
+        reproduced = f"{per_draw['epoch'].median():g} of {epochs}; {moving} of {len(per_draw)} still moving"
+        paper = _paper(cfg, cfg.experiment.paper_settled.get(method, ""))
+        rows.append({"quantity": quantity, "reproduced": reproduced, "paper": paper})
+    for method, g in _by_method(summary[~learned]):
+        if method not in set(kept["method"]):
+            accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
+            quantity = (
+                f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
+                "within 5 points of chance); kept out of the rows above"
+            )
+            rows.append({"quantity": quantity, "reproduced": f"final test accuracy {accuracy:.1f}%", "paper": ""})
     return rows
+
+
+def _learned(summary: pd.DataFrame) -> pd.Series:
+    """The engine's `learned` column (final accuracy more than 5 points above chance); every run
+    where the summary has none."""
+    if "learned" not in summary:
+        return pd.Series(True, index=summary.index)
+    return summary["learned"].astype(str).str.lower().eq("true")
+
+
+def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
+    """The mean over seeds with its 95% Student-t interval (curves.mean_ci)."""
+    ci = curves.mean_ci(values)
+    reproduced = curves.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], 3)
+    over = f"95% interval over {ci['n']} seeds" if ci["n"] > 1 else f"{ci['n']} seed, no interval"
+    return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
+
+
+def _paper(cfg: DictConfig, value):
+    """The paper's number, labelled where the data set is not the paper's (CIFAR-10)."""
+    if value == "" or cfg.dataset.name == "cifar10":
+        return value
+    return f"{value} (CIFAR-10; not comparable with {cfg.dataset.name})"

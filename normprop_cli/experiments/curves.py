@@ -179,5 +179,29 @@ def format_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def paper_value(cfg: DictConfig, value, paper_dataset: str = "cifar10") -> str:
+    """The paper's number for the report, labelled "not comparable" beside it when this sweep is not
+    on the paper's data set (SPEC §6.1: digits vs CIFAR-10)."""
+    if value is None or value == "" or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if cfg.dataset.name == paper_dataset:
+        return f"{value}"
+    return f"{value} ({paper_dataset}; not comparable with {cfg.dataset.name})"
+
+
+def not_learned(cfg: DictConfig) -> list[dict]:
+    """A headline row naming the runs that did not learn (SPEC §6.1: final accuracy within 5 points
+    of chance), when there are any: their numbers stay in the CSVs, this row says so."""
+    path = sweep_dir(cfg) / "summary.csv"
+    summary = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    if "learned" not in summary or summary["learned"].isna().all():
+        return []
+    failed = summary[summary["learned"].astype(str).str.lower() == "false"]
+    if not len(failed):
+        return []
+    return [{"quantity": "runs that did not learn (final test accuracy within 5 points of chance; kept in the CSVs)",
+             "reproduced": f"{len(failed)} of {len(summary)}: {', '.join(failed['run'])}", "paper": ""}]  # fmt: skip
+
+
 def title(cfg: DictConfig, what: str) -> str:
     return f"{what}, {cfg.dataset.name} ({cfg.preset.name} preset)"

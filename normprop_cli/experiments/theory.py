@@ -8,7 +8,8 @@
                          without the Jacobian factor (histograms in jacobian_histogram.csv).
 3. proposition1.csv      Prop. 1 (eq. 3, proof eq. 16-19): exact min_alpha ||Sigma - diag(alpha)||_F
                          against the bound as printed and as corrected by the note's Appendix A.
-4. propagation.csv       section 3.3: mean and std of every layer of deep random nets at init.
+4. propagation.csv       section 3.3: mean and std of every layer of deep random nets at init, at
+                         several seeds (the figure: the first seed).
 
 Everything runs on the CPU; float64 where a number is compared with a formula.
 """
@@ -427,24 +428,31 @@ def trace(layers: list[tuple[str, nn.Module]], x: torch.Tensor, band: float) -> 
 
 
 def propagation_table(cfg: DictConfig) -> pd.DataFrame:
+    """Every setting's trace at `theory.propagation_seeds` seeds (cfg.seed, cfg.seed + 1, ...): each
+    seed draws its own weights and its own N(0, 1) input, so the spread over seeds is an interval."""
     t = cfg.theory
     band = float(t.band)
     settings = [("normprop", j) for j in t.propagation_jacobian] + [("none", "")]
     rows = []
-    x = normal((int(t.batch), int(t.width)), cfg.seed + 3, torch.float32)
-    for method, jacobian in settings:
-        with seeded(cfg.seed):
-            layers = fc_net(method, jacobian or "off", int(t.depth), int(t.width))
-        rows += [{"net": "fc", "method": method, "jacobian": jacobian} | r for r in trace(layers, x, band)]
-    x = normal((int(t.nin_batch), 3, 32, 32), cfg.seed + 4, torch.float32)
-    for method, jacobian in settings:
-        with seeded(cfg.seed):
-            model = NIN(norm=method, width=float(t.nin_width), jacobian=jacobian or "divide")
-        rows += [
-            {"net": "nin", "method": method, "jacobian": jacobian} | r
-            for r in trace(list(model.features.named_children()), x, band)
-        ]
+    for seed in range(int(cfg.seed), int(cfg.seed) + int(t.get("propagation_seeds", 1))):
+        x = normal((int(t.batch), int(t.width)), seed + 3, torch.float32)
+        for method, jacobian in settings:
+            with seeded(seed):
+                layers = fc_net(method, jacobian or "off", int(t.depth), int(t.width))
+            head = {"net": "fc", "method": method, "jacobian": jacobian, "seed": seed}
+            rows += [head | r for r in trace(layers, x, band)]
+        x = normal((int(t.nin_batch), 3, 32, 32), seed + 4, torch.float32)
+        for method, jacobian in settings:
+            with seeded(seed):
+                model = NIN(norm=method, width=float(t.nin_width), jacobian=jacobian or "divide")
+            head = {"net": "nin", "method": method, "jacobian": jacobian, "seed": seed}
+            rows += [head | r for r in trace(list(model.features.named_children()), x, band)]
     return pd.DataFrame(rows)
+
+
+def first_seed(propagation: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first seed (all rows of a CSV written before the seed column)."""
+    return propagation[propagation["seed"] == propagation["seed"].min()] if "seed" in propagation else propagation
 
 
 # ---- the runner ----------------------------------------------------------------------------------
@@ -513,15 +521,18 @@ def headlines(cfg: DictConfig) -> list[dict]:
     fc = propagation[
         (propagation["net"] == "fc") & (propagation["method"] == "normprop") & (propagation["quantity"] == "output")
     ]
+    seeds = fc["seed"].nunique() if "seed" in fc else 1
     for mode, g in fc.groupby("jacobian"):
-        inside = g.sort_values("layer")["in_band"].astype(bool).tolist()
+        inside = first_seed(g).sort_values("layer")["in_band"].astype(bool).tolist()
         first_out = inside.index(False) + 1 if False in inside else None
+        every = g.groupby("seed")["in_band"].all().sum() if "seed" in g else int(all(inside))
         rows.append(
             {
                 "quantity": f"deep random NormProp net (factor {mode}): layers within 0±{cfg.theory.band} "
-                f"mean, 1±{cfg.theory.band} std",
+                f"mean, 1±{cfg.theory.band} std (first seed); seeds with every layer inside",
                 "reproduced": f"{sum(inside)} of {len(inside)}"
-                + (f" (first outside: layer {first_out})" if first_out else ""),
+                + (f" (first outside: layer {first_out})" if first_out else "")
+                + f"; {int(every)} of {seeds}",
                 "paper": "all (section 3.3)",
             }
         )
@@ -754,7 +765,7 @@ def _fig_proposition1(plt, tables, cfg):
 
 
 def _fig_propagation(plt, tables, cfg):
-    df = tables["propagation"]
+    df = first_seed(tables["propagation"])
     nets = list(dict.fromkeys(df["net"]))
     fig, axes = plt.subplots(len(nets), 2, figsize=(12, 3.8 * len(nets)), squeeze=False)
     band = float(cfg.theory.band)

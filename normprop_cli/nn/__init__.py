@@ -15,6 +15,7 @@ Inputs should be normalised per element (section 4.1). `activation=` takes "relu
 This package imports only torch and numpy.
 """
 
+from .dependence import input_dependent
 from .layers import (
     JACOBIAN_MODES,
     NormPropConv2d,
@@ -58,6 +59,7 @@ __all__ = [
     "constrain_unit_norm_",
     "dropout_scale",
     "identity_stats",
+    "input_dependent",
     "maxpool_stats",
     "normal_quadrature",
     "prelu_stats",

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from normprop_cli.data import epoch_batches, flip_batch, flip_mask
+from normprop_cli.data.augment import augment_batch, translate_batch
 
 
 def images(n=16):
@@ -60,3 +61,44 @@ def test_epoch_batches_are_seeded_and_resumable():
     resumed = torch.Generator()
     resumed.set_state(state)
     assert torch.equal(torch.cat(epoch_batches(50, 8, resumed)), torch.cat(second))
+
+
+def test_translate_batch_moves_each_image_by_its_shift_with_zero_fill():
+    x = images(3)
+    shifts = torch.tensor([[0, 0], [2, -1], [-3, 3]])
+    out = translate_batch(x, shifts)
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+    assert torch.equal(out[0], x[0])  # no shift: the image itself
+    assert torch.equal(out[1][:, 2:, :-1], x[1][:, :-2, 1:])  # down 2, left 1
+    assert (out[1][:, :2] == 0).all() and (out[1][:, :, -1:] == 0).all()  # what came from outside is 0
+    assert torch.equal(out[2][:, :-3, 3:], x[2][:, 3:, :-3])  # up 3, right 3
+    assert torch.equal(x, images(3))  # the input is untouched
+
+
+def test_translation_keeps_labels_and_shapes_in_a_training_epoch():
+    """Digits get translations, not flips (SPEC §6.1): an epoch's draws are shifts within the
+    data set's range; labels are indexed apart from the images, so augmenting never touches them."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli.engine.trainer import augmentation
+
+    cfg = OmegaConf.create({"train": {"augment": True}, "dataset": {"augment": "translate", "translate_pixels": 3}})
+    drawn = augmentation(cfg, 5000, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert drawn.shape == (5000, 2) and drawn.dtype == torch.int64
+    assert set(drawn.unique().tolist()) == set(range(-3, 4))
+    x, y = images(16), torch.arange(16) % 10
+    out = augment_batch(x, drawn[:16])
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.equal(y, torch.arange(16) % 10)
+    # a translated digit is the same digit, moved: its pixels are a subset of the original's
+    for image, moved, (dy, dx) in zip(x, out, drawn[:16].tolist(), strict=True):
+        assert torch.equal(moved, translate_batch(image[None], torch.tensor([[dy, dx]]))[0])
+    cfg.dataset.augment = "flip"
+    assert augmentation(cfg, 8, torch.Generator().manual_seed(0), torch.device("cpu")).dtype == torch.bool
+    cfg.train.augment = False
+    assert augmentation(cfg, 8, torch.Generator().manual_seed(0), torch.device("cpu")) is None
+
+
+def test_translate_batch_rejects_shifts_of_the_wrong_shape():
+    with pytest.raises(ValueError):
+        translate_batch(images(4), torch.zeros(3, 2, dtype=torch.long))

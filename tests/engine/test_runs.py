@@ -116,3 +116,15 @@ def test_another_config_in_the_same_run_directory_is_refused(cli):
     run.write_text(json.dumps(manifest | {"status": "running"}))
     result = cli("run", "table1", *SMOKE, "train.epochs=2", "model.width=0.125", "--results-dir", cli.results)
     assert result.exit_code == 2 and "another config" in result.output
+
+
+def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
+    """SPEC §6.1: flips for CIFAR, translations for digits, none for SVHN (asking for it is refused)."""
+    from normprop_cli import config
+
+    kinds = {name: config.load("table1", dataset=name).dataset.augment for name in ("cifar10", "digits", "svhn")}
+    assert kinds == {"cifar10": "flip", "digits": "translate", "svhn": "none"}
+    grid = "grid=[{id: r, set: {train.augment: true}}]"
+    result = cli("run", "table1", *SMOKE, "--dataset", "svhn", grid, "--results-dir", cli.results)
+    assert result.exit_code == 2 and "svhn has no augmentation" in result.output
+    assert not cli.results.exists()

@@ -26,9 +26,36 @@ def test_batch_size_1_trains_and_bn_at_batch_1_is_labelled(results):
     assert bn["label"].str.contains("paper: BN not applicable").all()
     assert not summary.loc[summary["method"] == "normprop", "label"].str.contains("not applicable").any()
     assert (summary["status"] == "complete").all()
-    # the larger batch trains at the larger learning rate (section 4.4)
-    rates = summary[summary["method"] == "normprop"].groupby("batch_size")["initial_lr"].first()
-    assert rates.is_monotonic_increasing
+
+
+def test_each_batch_size_trains_at_the_rate_its_validation_sweep_chose(results):
+    """SPEC §6.1: the learning rate of each batch size comes from a small sweep on the validation
+    split, recorded; the winner has the best final validation accuracy of its setting."""
+    sweep = results / "batch-size" / "synthetic"
+    lr_sweep = pd.read_csv(sweep / "lr_sweep.csv")
+    assert list(lr_sweep.columns) == batch_size.SWEEP
+    summary = pd.read_csv(sweep / "summary.csv")
+    for setting, g in lr_sweep.groupby("setting"):
+        assert len(g) == 2 and g["chosen"].sum() == 1  # the smoke preset's factors: 1 and 2
+        winner = g[g["chosen"]].iloc[0]
+        assert winner["val_acc"] == g["val_acc"].max()
+        assert (summary.loc[summary["setting"] == setting, "initial_lr"] == winner["lr"]).all()
+        base = config.load("batch-size", preset="smoke").grid
+        centre = next(e.set["train.lr"] for e in base if e.id == setting)
+        assert sorted(g["lr"]) == pytest.approx([centre, 2 * centre])
+
+
+def test_every_batch_size_sees_the_full_split_and_updates_are_counted(results):
+    """SPEC §6.1: no batch size trains on a subset; updates = epochs x (train size // batch size),
+    one per image at batch 1."""
+    sweep = results / "batch-size" / "synthetic"
+    epochs = pd.read_csv(sweep / "epochs.csv")
+    train = 24  # dataset.limit=24 of the test's ARGS, the same for every run
+    for (bs, epoch), g in epochs.groupby(["batch_size", "epoch"]):
+        assert (g["updates"] == epoch * (train // bs if bs > 1 else train)).all()
+    curve = pd.read_csv(sweep / "curves.csv")
+    assert "updates" in curve and (curve.groupby("setting")["updates"].diff().dropna() > 0).all()
+    assert config.load("batch-size").dataset.limit is None  # the quick preset: the full split
 
 
 def test_curves_have_an_interval_per_batch_size_and_a_figure(results):
@@ -40,6 +67,7 @@ def test_curves_have_an_interval_per_batch_size_and_a_figure(results):
         "batch_size",
         "label",
         "epoch",
+        "updates",
         "n",
         "mean",
         "ci_low",

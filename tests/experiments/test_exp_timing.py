@@ -52,5 +52,6 @@ def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
 def test_headlines_put_the_ratio_beside_the_papers(results):
     rows = timing.headlines(config.load("timing", preset="smoke", results_dir=str(results)))
     ratio = [r for r in rows if r["quantity"] == "epoch time ratio NormProp / BatchNorm"]
-    assert len(ratio) == 1 and ratio[0]["paper"] == pytest.approx(0.875)
-    assert any(r["paper"] == "84 (GTX Titan X)" for r in rows)
+    # SPEC §6.1: a CPU's seconds on synthetic data are not the paper's GPU seconds on CIFAR-10
+    assert len(ratio) == 1 and ratio[0]["paper"].startswith("0.875 (GTX Titan X, CIFAR-10; not comparable")
+    assert any(r["paper"].startswith("84 (GTX Titan X") for r in rows)

@@ -24,6 +24,7 @@ SMALL = [
     "theory.width=1024",
     "theory.batch=64",
     "theory.propagation_jacobian=[off]",
+    "theory.propagation_seeds=2",
     "theory.nin_width=0.0625",
     "theory.nin_batch=4",
 ]
@@ -63,7 +64,7 @@ COLUMNS = {
         "printed_undefined",
         "corrected_fails",
     },
-    "propagation": {"net", "method", "jacobian", "layer", "quantity", "mean", "std"},
+    "propagation": {"net", "method", "jacobian", "seed", "layer", "quantity", "mean", "std"},
 }
 FIGURES = ("activation_stats", "jacobian", "proposition1", "propagation")
 
@@ -139,10 +140,13 @@ def test_normprop_fc_layers_stay_normalised_and_a_plain_net_collapses(results):
     df = table(results, "propagation")
     fc = df[(df["net"] == "fc") & (df["quantity"] == "output")]
     normprop = fc[(fc["method"] == "normprop") & (fc["jacobian"] == "off")]
-    assert len(normprop) == 20
+    assert sorted(df["seed"].unique()) == [0, 1]  # theory.propagation_seeds: each seed its own weights
+    assert normprop.groupby("seed").size().tolist() == [20, 20]
+    assert normprop.groupby("seed")["mean"].first().nunique() == 2
+    normprop = normprop[normprop["seed"] == 0]
     assert (normprop["mean"].abs() <= 0.1).all() and ((normprop["std"] - 1).abs() <= 0.1).all()
     assert normprop["in_band"].all()
-    plain = fc[fc["method"] == "none"].sort_values("layer")
+    plain = fc[(fc["method"] == "none") & (fc["seed"] == 0)].sort_values("layer")
     assert not plain["in_band"].iloc[-1] and plain["std"].iloc[-1] < 0.01
     nin = df[(df["net"] == "nin") & (df["method"] == "normprop") & (df["quantity"] == "output")]
     assert set(nin["name"]) >= {"conv1", "pool1", "conv9", "pool3"}

@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 
 Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
-Preset = Annotated[str | None, typer.Option(help="paper | quick | smoke (default: quick).")]
+Preset = Annotated[str | None, typer.Option(help="paper | cpu | quick | smoke (default: quick).")]
 ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: results/).")]
 
 

@@ -15,6 +15,11 @@ set with the quick preset's shapes (width 0.25, batch 50, batch data normalisati
 again in turn, after one warm-up epoch each. The step calls inside are timed, so the share of an
 epoch outside the steps (data, evaluation, bookkeeping) is measured, not estimated.
 
+Precision. Every configuration is timed in float32 and, where the device computes in bfloat16
+natively (`device.bf16_supported`: CUDA compute capability 8.0 on, a CPU with AMX or
+AVX512-BF16), again under bfloat16 autocast (`train.amp`); elsewhere one line says why bfloat16
+is left out. The `precision` column says which; `options` the rest of how the step runs.
+
 No normalisation trains at lr 0.0001, as in section 5.2 (larger rates diverge); the learning
 rate does not change the work of a step.
 """
@@ -22,6 +27,7 @@ rate does not change the work of a step.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import statistics
 import time
@@ -36,10 +42,11 @@ from normprop_cli import io
 from normprop_cli.engine.step import PHASES, Step, StepOptions, make_optimizer, make_step
 
 METHODS = ("none", "batchnorm", "normprop")
-COLUMNS = ["method", "batch_size", "width", "device", "threads", "options", "steps",
+PRECISIONS = ("float32", "bfloat16")
+COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
            *(f"{p}_ms_median" for p in PHASES), "flush_denormal", "load_average", "finite"]  # fmt: skip
-EPOCH_COLUMNS = ["method", "width", "batch_size", "device", "epochs", "epoch_s", "train_s",
+EPOCH_COLUMNS = ["method", "width", "batch_size", "precision", "device", "epochs", "epoch_s", "train_s",
                  "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
 
 
@@ -56,13 +63,15 @@ def run_bench(
     options: StepOptions | None = None,
     preset: str = "quick",
     quiet: bool = False,
+    precisions: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Time steps and epochs; write results/bench/{bench,epochs}.csv; return the step table.
 
     The epoch table is also in the returned frame's `attrs["epochs"]`; `epochs=0` skips it.
     `preset` gives the data set and the epochs' shapes (tests use "smoke"); `options` how a step
-    runs (default: the config's `train:` options, as the trainer takes them); `threads` sets
-    torch's CPU threads (default: torch's own choice, all cores).
+    runs (default: the config's `train:` options, as the trainer takes them; `amp` comes from the
+    precision); `threads` sets torch's CPU threads (default: torch's own choice, all cores);
+    `precisions` some of PRECISIONS (default: both where bfloat16 is native, else float32).
     """
     from normprop_cli import config
     from normprop_cli.engine.sweep import load_data
@@ -73,21 +82,44 @@ def run_bench(
         torch.set_num_threads(int(threads))
     cfg = config.load("table1", preset=preset)
     options = options or StepOptions.from_cfg(cfg.train, dev)
+    precisions, note = choose_precisions(dev, precisions)
+    if note and not quiet:
+        print(note)
+    runs = {p: dataclasses.replace(options, amp=p == "bfloat16") for p in precisions}
     data = load_data(cfg, dev)
     rows = []
     for width in widths:
         for bs in batch_sizes:
-            times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, options)
-            rows += _rows(times, phases, finite, width, bs, dev, options)
+            for p, opts in runs.items():
+                times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts)
+                rows += _rows(times, phases, finite, width, bs, p, dev, opts)
     table = pd.DataFrame(rows, columns=COLUMNS)
     out = Path(results_dir) / "bench"
     io.write_csv(out / "bench.csv", table)
-    table.attrs["epochs"] = epoch_table(data, cfg, dev, epochs, options) if epochs else None
+    table.attrs["epochs"] = None
     if epochs:
+        tables = [epoch_table(data, cfg, dev, epochs, opts) for opts in runs.values()]
+        table.attrs["epochs"] = pd.concat(tables, ignore_index=True)
         io.write_csv(out / "epochs.csv", table.attrs["epochs"])
     if not quiet:
         show(table)
     return table
+
+
+def choose_precisions(dev, precisions: Sequence[str] | None = None) -> tuple[tuple[str, ...], str]:
+    """The precisions to time on `dev` and a line to print about bfloat16 ("" if none is due):
+    by default bfloat16 where `dev` computes in it natively, else only float32 and why."""
+    native, why = devices.bf16_supported(dev)
+    if precisions is None:
+        if native:
+            return PRECISIONS, ""
+        return ("float32",), f"bfloat16 left out: {why} (ask for it with --precision float32,bfloat16)"
+    precisions = tuple(dict.fromkeys(precisions))
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown or not precisions:
+        raise ValueError(f"unknown precision {', '.join(unknown)!r}; use some of {', '.join(PRECISIONS)}")
+    emulated = "bfloat16" in precisions and not native
+    return precisions, f"bfloat16 is emulated here ({why}): its times say nothing of bf16 hardware" if emulated else ""
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
@@ -164,7 +196,7 @@ def _batches(data, cfg, dev, batch_size, count: int = 16):
     return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
 
 
-def _rows(times, phases, finite, width, bs, dev, options) -> list[dict]:
+def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dict]:
     med = {m: statistics.median(t) for m, t in times.items()}
     rows = []
     for m, t in times.items():
@@ -172,7 +204,8 @@ def _rows(times, phases, finite, width, bs, dev, options) -> list[dict]:
         phase_ms = {f"{p}_ms_median": statistics.median(v) if v else float("nan")
                     for p, v in phases.get(m, dict.fromkeys(PHASES, [])).items()}  # fmt: skip
         rows.append({
-            "method": m, "batch_size": bs, "width": width, "device": devices.describe(dev),
+            "method": m, "batch_size": bs, "width": width, "precision": precision,
+            "device": devices.describe(dev),
             "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
             "step_ms_median": med[m],
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
@@ -226,7 +259,7 @@ def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=METHO
         epoch = s["epoch_s"]
         rows.append({
             "method": m, "width": float(cfg.model.width), "batch_size": int(cfg.train.batch_size),
-            "device": devices.describe(dev), "epochs": epochs,
+            "precision": "bfloat16" if options.amp else "float32", "device": devices.describe(dev), "epochs": epochs,
             **{k: v / epochs for k, v in s.items()},
             "outside_share": (epoch - s["steps_s"]) / epoch,
             "data_share": (s["train_s"] - s["steps_s"]) / epoch, "eval_share": s["eval_s"] / epoch,
@@ -238,7 +271,8 @@ OPTIONS = ("channels_last", "amp", "compile", "cuda_graph")
 
 
 def describe(options: StepOptions) -> str:
-    return "+".join(k for k in OPTIONS if getattr(options, k)) or "plain"
+    """How a step runs, but for its precision (amp: the `precision` column)."""
+    return "+".join(k for k in OPTIONS if k != "amp" and getattr(options, k)) or "plain"
 
 
 class _Clock:
@@ -282,29 +316,29 @@ def show(table: pd.DataFrame) -> None:
     first = table.iloc[0]
     t = Table(title=f"NIN training step, ms (median of the timed steps), {first['device']}, "
               f"{first['options']}")  # fmt: skip
-    for col in ("width", "batch", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN"):
+    for col in ("width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN"):
         t.add_column(col, justify="right")
     for r in table.itertuples():
-        t.add_row(f"{r.width:g}", str(r.batch_size), r.method, str(r.steps),
+        t.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method, str(r.steps),
                   f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
                   f"{r.ratio_vs_none:.3f}", f"{r.ratio_vs_batchnorm:.3f}")  # fmt: skip
     console.print(t)
     phase_cols = [f"{p}_ms_median" for p in PHASES]
     if table[phase_cols].notna().all(axis=None):
         p = Table(title="Where a step goes: median ms of each phase")
-        for col in ("width", "batch", "method", *PHASES):
+        for col in ("width", "batch", "precision", "method", *PHASES):
             p.add_column(col, justify="right")
         for r in table.itertuples():
-            p.add_row(f"{r.width:g}", str(r.batch_size), r.method,
+            p.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method,
                       *(f"{getattr(r, c):.2f}" for c in phase_cols))  # fmt: skip
         console.print(p)
     epochs = table.attrs.get("epochs")
     if epochs is not None and len(epochs):
         e = Table(title="Whole epochs (digits, quick preset): seconds and shares of the epoch")
-        for col in ("method", "epoch s", "steps s", "eval s", "outside", "data+books", "eval"):
+        for col in ("precision", "method", "epoch s", "steps s", "eval s", "outside", "data+books", "eval"):
             e.add_column(col, justify="right")
         for r in epochs.itertuples():
-            e.add_row(r.method, f"{r.epoch_s:.2f}", f"{r.steps_s:.2f}", f"{r.eval_s:.2f}",
+            e.add_row(r.precision, r.method, f"{r.epoch_s:.2f}", f"{r.steps_s:.2f}", f"{r.eval_s:.2f}",
                       f"{100 * r.outside_share:.1f}%", f"{100 * r.data_share:.1f}%",
                       f"{100 * r.eval_share:.1f}%")  # fmt: skip
         console.print(e)

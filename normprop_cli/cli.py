@@ -221,9 +221,12 @@ def bench(
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's).")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")] = "auto",
     results_dir: Annotated[Path, typer.Option(help="Where results go.")] = Path("results"),
+    precision: Annotated[
+        str, typer.Option(help="auto (bfloat16 too where native) or comma-separated float32, bfloat16.")
+    ] = "auto",
 ) -> None:
     """Time the NIN training step of none, batchnorm and normprop side by side; write bench.csv."""
-    from normprop_cli.bench import run_bench
+    from normprop_cli.bench import PRECISIONS, run_bench
 
     try:
         sizes = [int(b) for b in batch_sizes.split(",")]
@@ -232,6 +235,9 @@ def bench(
         raise UserError("--batch-sizes and --widths take comma-separated numbers, e.g. 1,50,100") from None
     if min(sizes) < 1 or min(ws) <= 0 or budget <= 0 or epochs < 0:
         raise UserError("batch sizes must be >= 1, widths and --budget > 0, --epochs >= 0")
+    precisions = None if precision.strip() == "auto" else [p.strip() for p in precision.split(",")]
+    if precisions is not None and not set(precisions) <= set(PRECISIONS):
+        raise UserError(f"--precision takes auto or some of {', '.join(PRECISIONS)}, comma-separated")
     run_bench(
         batch_sizes=sizes,
         widths=ws,
@@ -240,6 +246,7 @@ def bench(
         threads=threads,
         device=device,
         results_dir=results_dir,
+        precisions=precisions,
     )
     typer.echo(f"wrote {results_dir / 'bench' / 'bench.csv'}")
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 
 from normprop_cli.errors import UserError
@@ -42,6 +45,49 @@ def prepare(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+# /proc/cpuinfo flags of CPUs with bfloat16 arithmetic: AMX tiles (Intel Sapphire Rapids on)
+# and AVX512-BF16 (Intel Cooper Lake on, AMD Zen 4 on), which oneDNN's bf16 convolutions use.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_supported(device: torch.device) -> tuple[bool, str]:
+    """Whether `device` computes in bfloat16 natively, and why (or why not), in a few words.
+
+    CUDA: compute capability 8.0 or more (Ampere on: bf16 tensor cores). The CPU: a flag of
+    CPU_BF16_FLAGS in /proc/cpuinfo. torch's own checks do not answer this: the ATen CPU
+    capability stops at "AVX512" whether or not the CPU has AVX512-BF16 or AMX, and oneDNN's
+    bf16 check accepts any AVX512-BW CPU, where it emulates bfloat16 in float32, slower than
+    float32 itself.
+    """
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        if (major, minor) >= (8, 0):
+            return True, f"{name}: compute capability {major}.{minor}, bf16 tensor cores"
+        return False, f"{name}: compute capability {major}.{minor} < 8.0, no bf16 tensor cores"
+    flags = _cpu_flags()
+    if flags is None:
+        return False, "no /proc/cpuinfo to read the CPU's bf16 flags from"
+    found = [f for f in CPU_BF16_FLAGS if f in flags]
+    if found:
+        return True, f"CPU flags {', '.join(found)}"
+    return False, f"the CPU has none of the flags {', '.join(CPU_BF16_FLAGS)}: bf16 would be emulated"
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str] | None:
+    """The first processor's flags in /proc/cpuinfo (Linux), or None."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 def describe(device: torch.device) -> str:

@@ -12,7 +12,8 @@ so a GPU never waits for the host inside an epoch.
 Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU:
     channels_last  NHWC activations and weights; `auto`: on the CPU, where oneDNN's convolutions
                    and max pooling make a batch-50 step 1.4-1.7x faster (bench), off on CUDA
-    amp            bfloat16 autocast (tensor cores; AMX on recent Xeons); the loss stays float32
+    amp            bfloat16 autocast (tensor cores; AMX or AVX512-BF16 CPUs, `device.bf16_supported`);
+                   the loss and the master weights stay float32; NormProp keeps its folded path
     compile        torch.compile the model (needs a C++ compiler on the CPU)
     cuda_graph     capture the whole step as one CUDA graph and replay it (CUDA only; for small
                    batches, where launching kernels costs more than running them)

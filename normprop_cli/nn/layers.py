@@ -48,8 +48,11 @@ class NormPropLayer(nn.Module):
     costs per operation, not per byte), and `_FoldedOp` is conv + clamp in one autograd function
     whose backward is written out (the clamp is in place, as nn.ReLU(inplace=True) is). It puts
     s on the output instead of the weights where the output is the smaller (batch size 1, wide
-    late layers). Other activations, autocast and torch.compile take the plain autograd form
-    below, which autocast and the compiler handle.
+    late layers). Under bfloat16 autocast the same road runs the convolution and the clamp in
+    bfloat16, with s and the bias folded in float32 from the float32 weights and s always on the
+    weights (`_FoldedOp`). Other activations,
+    float16 autocast and torch.compile take the plain autograd form below, which autocast and the
+    compiler handle.
     """
 
     def __init__(self, out_features: int, activation: str | None, jacobian: str, prelu_init: float) -> None:
@@ -126,8 +129,8 @@ class NormPropLayer(nn.Module):
         return (
             self.folded_path
             and x.ndim == self.weight.ndim
-            and not torch.is_autocast_enabled(x.device.type)
             and not torch.compiler.is_compiling()
+            and _autocast_dtype(x) in (None, torch.bfloat16)
         )
 
     def forward(self, x: Tensor, folded: Folded | None = None) -> Tensor:
@@ -254,17 +257,27 @@ class _FoldedOp(torch.autograd.Function):
     size 1, late layers), on the output. Backward, with G = dL/dW at fixed s, ds_i = dL/ds_i and
     db_i = dL/db_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
     dL/dbeta_i = db_i / c1.
+
+    Under bfloat16 autocast the scale always goes on the weights, which the convolution needs in
+    bfloat16 anyway: W s is computed in float32 and stored in bfloat16, the one cast autocast
+    would make of the weight, and b joins the convolution's float32 sum rather than a rounded
+    W * x it may cancel. x is cast once (the first layer's), the convolution and the clamp run in
+    bfloat16, G comes back to float32 once (autocast's cast of a weight's gradient), and the
+    gradients of the float32 parameters are float32.
     """
 
     @staticmethod
     def forward(ctx, x, weight, gamma, beta, scale, bias, dscale, radial, inv_c1, layer):
-        on_output = layer.scales_output(x)
+        low = _autocast_dtype(x)  # None: float32, the ops as they always were
+        if low is not None:
+            x = x.to(low)
+        on_output = low is None and layer.scales_output(x)
         if on_output:
             u = layer._op(x, weight, None)
             out = torch.addcmul(_channels(bias, u), u, _channels(scale, u))
         else:
-            u = weight * _filters(scale, weight)
-            out = layer._op(x, u, bias)
+            u = torch.mul(weight, _filters(scale, weight), out=_out(weight, low))
+            out = layer._op(x, u, bias)  # autocast casts the bias
         if layer._floor is not None:
             out.clamp_min_(layer._floor)
         ctx.save_for_backward(x, weight, scale, dscale, radial, inv_c1, u, out)
@@ -286,10 +299,21 @@ class _FoldedOp(torch.autograd.Function):
         else:  # u = W s
             gx, gw, db = layer._op_backward(g, x, u, need_x, True)
             ds = (gw * weight).sum(_rows(weight))
-            gw.mul_(_filters(scale, weight))
+            gw = gw.to(weight.dtype).mul_(_filters(scale, weight))
         gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
-        dbeta = db if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
+        dbeta = db.to(inv_c1.dtype) if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
         return gx, gw, dscale * ds, dbeta, None, None, None, None, None, None
+
+
+def _autocast_dtype(x: Tensor) -> torch.dtype | None:
+    """The dtype autocast runs a convolution in on x's device, or None outside autocast."""
+    t = x.device.type
+    return torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
+
+
+def _out(like: Tensor, dtype: torch.dtype | None) -> Tensor | None:
+    """`out=` of `like`'s shape and layout in `dtype`; None (a new tensor, as usual) for None."""
+    return None if dtype is None else torch.empty_like(like, dtype=dtype)
 
 
 def _filters(v: Tensor, weight: Tensor) -> Tensor:

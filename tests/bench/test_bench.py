@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli.bench import COLUMNS, EPOCH_COLUMNS, denormals_flushed, run_bench
+from normprop_cli import device as devices
+from normprop_cli.bench import COLUMNS, EPOCH_COLUMNS, PRECISIONS, choose_precisions, denormals_flushed, run_bench
 from normprop_cli.engine.step import PHASES
 
 
@@ -14,7 +15,8 @@ from normprop_cli.engine.step import PHASES
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     table = run_bench(batch_sizes=(1, 4), widths=(0.0625,), steps=3, warmup=1, device="cpu",
-                      results_dir=out, epochs=1, preset="smoke", quiet=True)  # fmt: skip
+                      results_dir=out, epochs=1, preset="smoke", quiet=True,
+                      precisions=PRECISIONS)  # fmt: skip
     return table, out
 
 
@@ -22,8 +24,10 @@ def test_bench_writes_the_table_it_returns(bench):
     table, out = bench
     assert list(table.columns) == COLUMNS
     on_disk = pd.read_csv(out / "bench" / "bench.csv")
-    assert list(on_disk.columns) == COLUMNS and len(on_disk) == len(table) == 6
+    assert list(on_disk.columns) == COLUMNS and len(on_disk) == len(table) == 12
     assert sorted(table["method"].unique()) == ["batchnorm", "none", "normprop"]
+    assert table.groupby("precision").size().to_dict() == {"bfloat16": 6, "float32": 6}
+    assert (table["options"] == "channels_last").all()  # the precision is not an option of its own
     assert set(table["batch_size"]) == {1, 4} and set(table["width"]) == {0.0625}
     assert (table["steps"] == 3).all() and table["finite"].all()
     assert (table["step_ms_median"] > 0).all()
@@ -33,7 +37,7 @@ def test_bench_writes_the_table_it_returns(bench):
 
 def test_ratios_are_the_medians_divided(bench):
     table, _ = bench
-    for _, group in table.groupby(["width", "batch_size"]):
+    for _, group in table.groupby(["width", "batch_size", "precision"]):
         med = group.set_index("method")["step_ms_median"]
         for method, row in group.set_index("method").iterrows():
             assert row["ratio_vs_none"] == pytest.approx(med[method] / med["none"])
@@ -45,7 +49,8 @@ def test_ratios_are_the_medians_divided(bench):
 def test_epoch_shares_add_up(bench):
     table, out = bench
     epochs = table.attrs["epochs"]
-    assert list(epochs.columns) == EPOCH_COLUMNS and len(epochs) == 3
+    assert list(epochs.columns) == EPOCH_COLUMNS and len(epochs) == 6
+    assert sorted(epochs["precision"]) == ["bfloat16"] * 3 + ["float32"] * 3
     assert list(pd.read_csv(out / "bench" / "epochs.csv").columns) == EPOCH_COLUMNS
     for row in epochs.itertuples():
         assert 0 < row.steps_s <= row.train_s <= row.epoch_s
@@ -58,3 +63,35 @@ def test_denormals_are_flushed_on_the_cpu():
 
     device.prepare(torch.device("cpu"))
     assert denormals_flushed(torch.device("cpu"))
+
+
+def test_bf16_rows_where_native_and_one_line_why_not(monkeypatch, tmp_path, capsys):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(devices, "bf16_supported", lambda dev: (True, "CPU flags avx512_bf16"))
+    assert choose_precisions(cpu) == (PRECISIONS, "")
+    monkeypatch.setattr(devices, "bf16_supported", lambda dev: (False, "no bf16 flag"))
+    assert choose_precisions(cpu, ["float32"]) == (("float32",), "")
+    assert "emulated" in choose_precisions(cpu, ["bfloat16"])[1]
+    with pytest.raises(ValueError, match="float16"):
+        choose_precisions(cpu, ["float16"])
+    table = run_bench(batch_sizes=(2,), widths=(0.0625,), steps=1, warmup=0, device="cpu",
+                      results_dir=tmp_path, epochs=0, preset="smoke")  # fmt: skip
+    assert set(table["precision"]) == {"float32"}
+    lines = [line for line in capsys.readouterr().out.splitlines() if "bfloat16" in line]
+    assert lines == ["bfloat16 left out: no bf16 flag (ask for it with --precision float32,bfloat16)"]
+
+
+def test_bf16_support_is_read_from_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    assert devices.bf16_supported(torch.device("cpu")) == (True, "CPU flags amx_bf16")
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"avx512f", "avx2"}))
+    native, why = devices.bf16_supported(torch.device("cpu"))
+    assert not native and "amx_bf16" in why and "avx512_bf16" in why
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: None)
+    assert devices.bf16_supported(torch.device("cpu"))[0] is False
+
+
+def test_an_unknown_precision_is_a_one_line_error(cli):
+    result = cli("bench", "--precision", "float16", "--results-dir", cli.results)
+    assert result.exit_code == 2 and "--precision" in result.output
+    assert not cli.results.exists()

@@ -38,6 +38,17 @@ def test_every_yaml_composes(experiment, preset, dataset):
     assert cfg.preset.name == preset
 
 
+@pytest.mark.parametrize("preset", config.options("preset"))
+def test_every_preset_trains_in_float32(preset):
+    """bfloat16 (`train.amp`, issue 13) is opt-in: every run of every experiment of every preset is float32."""
+    from normprop_cli.engine.runs import expand_grid
+
+    for experiment in config.options("experiment"):
+        cfg = config.load(experiment, preset=preset)
+        assert cfg.train.amp is False
+        assert all(spec.cfg.train.amp is False for spec in expand_grid(cfg)), experiment
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

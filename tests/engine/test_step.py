@@ -111,6 +111,19 @@ def test_bf16_autocast_trains_close_to_float32():
     assert losses == pytest.approx(ref_losses, rel=5e-2, abs=5e-2)
 
 
+def test_an_amp_step_takes_the_folded_normprop_path(monkeypatch):
+    """Issue 13: under bf16 autocast each NormProp layer is one `_FoldedOp`, as in float32."""
+    from normprop_cli.nn import layers
+
+    calls = []
+    apply = layers._FoldedOp.apply
+    monkeypatch.setattr(layers._FoldedOp, "apply", lambda *a: calls.append(a[0].dtype) or apply(*a))
+    model, losses = run_steps(StepOptions(amp=True))
+    n = len(model.hidden_layers())
+    assert calls == ([torch.float32] + [torch.bfloat16] * (n - 1)) * 4  # 4 steps; the first layer casts x
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_options_from_config():
     t = OmegaConf.create({"channels_last": True, "amp": False, "compile": False, "cuda_graph": True})
     assert StepOptions.from_cfg(t, torch.device("cpu")) == StepOptions(channels_last=True)
@@ -166,6 +179,22 @@ def test_cuda_graph_replays_the_eager_steps_exactly(norm):
     assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
     for k, v in out[False][1].items():
         torch.testing.assert_close(out[True][1][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_replays_the_eager_bf16_steps():
+    """The folded bf16 path (issue 13) captured in one CUDA graph gives the eager bf16 steps."""
+    xs, ys = batches(n=6)
+    out = {}
+    for graph in (False, True):
+        model, data_norm, opt = setup("normprop", "cuda")
+        step = Step(model, data_norm, opt, constrain=True, options=StepOptions(amp=True, cuda_graph=graph))
+        step = GraphedStep(step) if graph else step
+        losses = [step(x.cuda(), y.cuda())[0].item() for x, y in zip(xs, ys, strict=True)]
+        out[graph] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
+    assert out[True][0] == pytest.approx(out[False][0], rel=1e-2)
+    for k, v in out[False][1].items():
+        torch.testing.assert_close(out[True][1][k], v, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("option", ["channels_last", "amp"])

@@ -125,11 +125,12 @@ def test_inference_mode_and_eval_give_the_training_forward():
     torch.testing.assert_close(infer, train.detach(), rtol=0, atol=0)
 
 
-def test_autocast_and_other_activations_take_the_autograd_path():
+def test_bf16_autocast_folds_and_other_activations_take_the_autograd_path():
+    """Issue 13: bfloat16 autocast takes the folded path too (tests/nn/test_nn_bf16.py)."""
     layer = randomised(NormPropConv2d(4, 6, 3, padding=1))
     x = torch.randn(2, 4, 6, 6)
     with torch.autocast("cpu", torch.bfloat16):
-        assert not layer._folded_ok(x)
+        assert layer._folded_ok(x)
         out = layer(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), reference_forward(layer, x), rtol=5e-2, atol=5e-2)

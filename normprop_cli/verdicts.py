@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import config, io
 from normprop_cli.engine.runs import CONFIG, read_manifest
+from normprop_cli.experiments.curves import format_ci
 
 LEVEL = 0.95
 RESAMPLES = 9_999  # bootstrap resamples (C3)
@@ -283,6 +284,11 @@ def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     table = per_seed(runs, "final_test_acc", "data_norm", "global", "batch", within="batch_size")
     sizes = "/".join(str(int(b)) for b in sorted(runs["batch_size"].unique()))
     notes = ["normprop = global data normalisation, baseline = batch data normalisation (both NormProp)"]
+    for size, runs_of_size in runs.groupby("batch_size"):  # where the effect comes from
+        e = one_sample(+1)(per_seed(runs_of_size, "final_test_acc", "data_norm", "global", "batch"))
+        stopped = int((runs_of_size.get("status") == "diverged").sum()) if "status" in runs_of_size else 0
+        notes.append(f"at batch {int(size)}: {format_ci(e.effect, e.ci_low, e.ci_high)} pp over {e.n_seeds} seeds"
+                     + (f", {stopped} run(s) diverged" if stopped else ""))  # fmt: skip
     return Measurement(
         table,
         one_sample(+1),

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import config, io
 from normprop_cli.engine.runs import CONFIG, read_manifest
+from normprop_cli.engine.summary import learned_flags
 from normprop_cli.experiments.curves import format_ci
 
 LEVEL = 0.95
@@ -249,9 +250,7 @@ def finished(summary: pd.DataFrame, value: str) -> pd.DataFrame:
 
 def not_learned(summary: pd.DataFrame) -> pd.Series:
     """True where the summary says the run did not learn (SPEC §6.1); False where it says nothing."""
-    if "learned" not in summary:
-        return pd.Series(False, index=summary.index)
-    return summary["learned"].astype(str).str.lower().isin(["false", "0"])
+    return learned_flags(summary).eq(False)
 
 
 def learned_note(runs: pd.DataFrame) -> list[str]:

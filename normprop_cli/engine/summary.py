@@ -57,6 +57,14 @@ def learned(final_test_acc: float, cfg) -> bool:
     return bool(final_test_acc > chance(cfg) + LEARNED_MARGIN)
 
 
+def learned_flags(summary: pd.DataFrame, absent: bool = True) -> pd.Series:
+    """summary.csv's `learned` column read back: True, False, or NaN for a run without metrics;
+    `absent` for every run when the summary has no such column. Compare with .eq(True) / .eq(False)."""
+    if "learned" not in summary:
+        return pd.Series(absent, index=summary.index, dtype=object)
+    return summary["learned"].astype(str).str.lower().map({"true": True, "false": False, "1": True, "0": False})
+
+
 def write_summary(cfg, rows: Sequence[dict]) -> Path:
     return io.write_csv(sweep_dir(cfg) / "summary.csv", pd.DataFrame(list(rows)))
 

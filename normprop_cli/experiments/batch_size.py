@@ -24,6 +24,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.summary import learned_flags
 from normprop_cli.engine.trainer import steps_per_epoch
 from normprop_cli.experiments import curves
 
@@ -161,7 +162,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     rows = []
     for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
         runs = summary[summary["setting"] == r["setting"]]
-        if "learned" in runs and not runs["learned"].astype(bool).any():
+        if len(runs) and learned_flags(runs).eq(False).all():
             text = f"did not learn ({r['mean']:.2f}, within 5 points of chance)"
         else:
             text = curves.format_ci(r["mean"], r["ci_low"], r["ci_high"])

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.engine.summary import run_row, write_summary
+from normprop_cli.engine.summary import learned_flags, run_row, write_summary
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import curves
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
@@ -252,7 +252,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     summary = curves.read(cfg, "summary")
     if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
-    learned = _learned(summary)
+    learned = learned_flags(summary).eq(True)
     kept = summary[learned]
     settled = curves.read(cfg, "settling")
     settled = settled[settled["run"].isin(kept["run"])]
@@ -292,14 +292,6 @@ def headlines(cfg: DictConfig) -> list[dict]:
             )
             rows.append({"quantity": quantity, "reproduced": f"final test accuracy {accuracy:.1f}%", "paper": ""})
     return rows
-
-
-def _learned(summary: pd.DataFrame) -> pd.Series:
-    """The engine's `learned` column (final accuracy more than 5 points above chance); every run
-    where the summary has none."""
-    if "learned" not in summary:
-        return pd.Series(True, index=summary.index)
-    return summary["learned"].astype(str).str.lower().eq("true")
 
 
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:

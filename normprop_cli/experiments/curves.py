@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
 from normprop_cli.engine.runs import RunSpec, run_dir, sweep_dir
-from normprop_cli.engine.summary import read_csv, run_row, write_summary
+from normprop_cli.engine.summary import learned_flags, read_csv, run_row, write_summary
 
 LEVEL = 0.95  # the paper's caps: 95% confidence interval
 CURVE_COLUMNS = ["epoch", "n", "mean", "sd", "ci_low", "ci_high"]
@@ -194,9 +194,7 @@ def not_learned(cfg: DictConfig) -> list[dict]:
     of chance), when there are any: their numbers stay in the CSVs, this row says so."""
     path = sweep_dir(cfg) / "summary.csv"
     summary = pd.read_csv(path) if path.exists() else pd.DataFrame()
-    if "learned" not in summary or summary["learned"].isna().all():
-        return []
-    failed = summary[summary["learned"].astype(str).str.lower() == "false"]
+    failed = summary[learned_flags(summary).eq(False)]
     if not len(failed):
         return []
     return [{"quantity": "runs that did not learn (final test accuracy within 5 points of chance; kept in the CSVs)",

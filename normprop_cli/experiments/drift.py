@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.summary import learned_flags
 from normprop_cli.experiments import curves
 from normprop_cli.experiments.covariate_shift import final_population
 from normprop_cli.experiments.probes import Batches, PopulationProbe, batch_statistics_at_init, each_layer_input
@@ -257,7 +258,7 @@ def _learned(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
     summary = curves.read(cfg, "summary")
     if "learned" not in summary or not len(table):
         return table
-    kept = summary.loc[summary["learned"].astype(str).str.lower().eq("true"), "run"]
+    kept = summary.loc[learned_flags(summary).eq(True), "run"]
     return table[table["run"].isin(kept)]
 
 

@@ -109,12 +109,7 @@ def run(cfg: DictConfig) -> Path:
                 "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
                 "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
 
-    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
-    curve = curves.read(cfg, "curves")
-    steps = epochs.groupby(KEYS[:1] + ["epoch"])["updates"].first() if len(epochs) else None
-    if steps is not None and len(curve):
-        curve.insert(6, "updates", [steps[(s, e)] for s, e in zip(curve["setting"], curve["epoch"], strict=True)])
-        curves.write(cfg, "curves", curve)
+    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
     plot(cfg)
     return out
 

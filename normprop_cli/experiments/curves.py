@@ -68,25 +68,33 @@ def accuracy(epochs: pd.DataFrame, run: str) -> dict:
     return {"final_test_acc": m["test_acc"].iloc[-1], "best_test_acc": m["test_acc"].max()} if len(m) else {}
 
 
-def write_curves_and_summary(cfg, specs, manifests, epochs, keys, columns=lambda spec: {}) -> Path:
-    """epochs.csv, curves.csv (mean and CI over seeds per `keys`) and summary.csv: the engine's
-    columns, `columns(spec)` and the run's final and best test accuracy. Returns summary.csv."""
+def write_curves_and_summary(cfg, specs, manifests, epochs, keys, columns=lambda spec: {}, carry=()) -> Path:
+    """epochs.csv, curves.csv (mean and CI over seeds per `keys`, with the `carry` columns) and
+    summary.csv: the engine's columns, `columns(spec)` and the run's final and best test accuracy.
+    Returns summary.csv."""
     write(cfg, "epochs", epochs)
-    write(cfg, "curves", curves(epochs, keys))
+    write(cfg, "curves", curves(epochs, keys, carry=carry))
     rows = [run_row(spec, manifest) | columns(spec) | accuracy(epochs, spec.name)
             for spec, manifest in zip(specs, manifests, strict=True)]  # fmt: skip
     return write_summary(cfg, rows)
 
 
-def curves(epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc") -> pd.DataFrame:
-    """Per setting (`keys`) and epoch: the mean of `value` over seeds and its 95% interval."""
+def curves(
+    epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc", carry: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Per setting (`keys`) and epoch: the mean of `value` over seeds and its 95% interval, after the
+    epoch the `carry` columns, which are the same for every seed of a setting's epoch (e.g. updates)."""
+    columns = [*keys, "epoch", *carry, *CURVE_COLUMNS[1:]]
     if not len(epochs):
-        return pd.DataFrame(columns=[*keys, *CURVE_COLUMNS])
+        return pd.DataFrame(columns=columns)
     rows = [
-        dict(zip(keys, group, strict=True)) | {"epoch": int(epoch)} | mean_ci(g[value])
+        dict(zip(keys, group, strict=True))
+        | {"epoch": int(epoch)}
+        | {c: g[c].iloc[0] for c in carry}
+        | mean_ci(g[value])
         for (*group, epoch), g in epochs.groupby([*keys, "epoch"], sort=False)
     ]
-    return pd.DataFrame(rows, columns=[*keys, *CURVE_COLUMNS]).sort_values([*keys, "epoch"], kind="stable")
+    return pd.DataFrame(rows, columns=columns).sort_values([*keys, "epoch"], kind="stable")
 
 
 def last_epoch(curve: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:

@@ -19,3 +19,27 @@ def cli(tmp_path):
 
     invoke.results = tmp_path / "results"
     return invoke
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """`interrupt_at(n, call)`: run `call()` with Ctrl-C raised at the n-th training step of a
+    --quiet sweep, as a user would press it; the progress is restored afterwards."""
+    from normprop_cli.engine import progress
+
+    def run(n, call):
+        original, steps = progress.QuietProgress.step, {"n": 0}
+
+        def step(self, k):
+            steps["n"] += 1
+            if steps["n"] == n:
+                raise KeyboardInterrupt
+            original(self, k)
+
+        monkeypatch.setattr(progress.QuietProgress, "step", step)
+        try:
+            return call()
+        finally:
+            monkeypatch.setattr(progress.QuietProgress, "step", original)
+
+    return run

@@ -6,8 +6,6 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli.engine import progress as progress_module
-
 SMOKE = ["--preset", "smoke", "--quiet"]
 TIMING = ["train_seconds", "images_per_second", "epoch_seconds"]
 
@@ -60,7 +58,7 @@ def test_paper_values_appear_beside_the_reproduction(cli):
 
 
 @pytest.mark.parametrize("norm,augment", [("normprop", "true"), ("batchnorm", "false")])
-def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, monkeypatch, norm, augment):
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, interrupt_at, norm, augment):
     args = [
         "run",
         "table1",
@@ -71,20 +69,9 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, monkeyp
     assert cli(*args, "--results-dir", tmp_path / "a").exit_code == 0
 
     # Interrupt the second run in the middle of its second epoch, as Ctrl-C would.
-    steps = {"n": 0}
-    original = progress_module.QuietProgress.step
-
-    def interrupt(self, n):
-        steps["n"] += 1
-        if steps["n"] == 6:
-            raise KeyboardInterrupt
-        original(self, n)
-
-    monkeypatch.setattr(progress_module.QuietProgress, "step", interrupt)
-    assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 130
+    assert interrupt_at(6, lambda: cli(*args, "--results-dir", tmp_path / "b")).exit_code == 130
     manifest, metrics, _ = load_run(tmp_path / "b", "table1", "r-s0")
     assert manifest["status"] == "running" and manifest["epochs_done"] == 1 == len(metrics)
-    monkeypatch.setattr(progress_module.QuietProgress, "step", original)
     assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 0
 
     ma, a, wa = load_run(tmp_path / "a", "table1", "r-s0")

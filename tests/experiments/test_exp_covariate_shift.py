@@ -6,7 +6,6 @@ import pandas as pd
 import pytest
 
 from normprop_cli import config
-from normprop_cli.engine import progress as progress_module
 from normprop_cli.experiments import covariate_shift
 from normprop_cli.experiments.covariate_shift import paper_metric, settling
 from normprop_cli.experiments.probes import POPULATION_COLUMNS, UNIT_COLUMNS
@@ -133,21 +132,12 @@ def test_a_method_that_did_not_learn_is_kept_out_of_the_headlines(results, sweep
     assert rows[0]["reproduced"] == f"final test accuracy {accuracy:.1f}%"
 
 
-def test_a_resumed_run_probes_exactly_as_an_uninterrupted_one(cli, tmp_path, monkeypatch):
+def test_a_resumed_run_probes_exactly_as_an_uninterrupted_one(cli, tmp_path, interrupt_at):
     args = ["run", "covariate-shift", "--preset", "smoke", "--quiet", "train.epochs=3",
             "grid=[{id: r, set: {model.norm: batchnorm, train.lr: 0.05}}]"]  # fmt: skip
     assert cli(*args, "--results-dir", tmp_path / "a").exit_code == 0
-    steps, original = {"n": 0}, progress_module.QuietProgress.step
-
-    def interrupt(self, n):  # Ctrl-C in the second epoch
-        steps["n"] += 1
-        if steps["n"] == 5:
-            raise KeyboardInterrupt
-        original(self, n)
-
-    monkeypatch.setattr(progress_module.QuietProgress, "step", interrupt)
-    assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 130
-    monkeypatch.setattr(progress_module.QuietProgress, "step", original)
+    # Ctrl-C in the second epoch
+    assert interrupt_at(5, lambda: cli(*args, "--results-dir", tmp_path / "b")).exit_code == 130
     assert cli(*args, "--results-dir", tmp_path / "b").exit_code == 0
     for name in ("unit_stats.csv", "population.csv"):
         a, b = (tmp_path / d / "covariate-shift" / "synthetic" / "runs" / "r-s0" / name for d in "ab")

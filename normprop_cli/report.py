@@ -145,10 +145,7 @@ def section(experiment: str, results: Path, root: Path | None = None) -> list[st
     dirs = result_dirs(results, experiment)
     if not dirs:
         return lines + [f"**Missing**: not run yet. `normprop run {experiment}` produces it.", ""]
-    try:
-        module = runner(experiment)
-    except ImportError as exc:
-        return lines + [f"Its runner cannot be imported ({exc}); the CSVs are in {dirs[0].parent}.", ""]
+    module = runner(experiment)
     for directory in dirs:
         prov = provenance(directory)
         dataset = prov.get("dataset", directory.name if experiment != "theory" else None)

@@ -19,6 +19,7 @@ from normprop_cli.engine.progress import QuietProgress, console, make_progress
 from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
 from normprop_cli.engine.trainer import Observer, Progress, train_run
 from normprop_cli.errors import UserError
+from normprop_cli.nn import ACTIVATIONS, JACOBIAN_MODES, NORMS
 
 LAUNCHERS = ("none", "local", "slurm")
 
@@ -53,14 +54,25 @@ def validate(spec: RunSpec) -> None:
         if not ok:
             raise UserError(message)
     for key, known in (
-        ("model.norm", ("none", "batchnorm", "normprop")),
+        ("model.norm", tuple(NORMS)),
         ("train.data_norm", ("global", "batch")),
-        ("model.jacobian", ("divide", "init", "off")),
+        ("model.jacobian", JACOBIAN_MODES),
+        ("model.activation", tuple(ACTIVATIONS)),
         ("dataset.augment", AUGMENTATIONS),
     ):
         value = OmegaConf.select(spec.cfg, key)
         if value not in known:
             raise UserError(f"{key}={value} is not known; use one of {', '.join(known)}")
+    m = spec.cfg.model
+    takes = NORMS[m.norm].activations
+    if takes is not None and m.activation not in takes:
+        raise UserError(
+            f"run {name}: model.norm={m.norm} takes model.activation={' or '.join(takes)}, not {m.activation}"
+        )
+    if m.get("data_init") and m.norm != "weightnorm":
+        raise UserError(
+            f"run {name}: model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
+        )
 
 
 def load_data(cfg: DictConfig, device):

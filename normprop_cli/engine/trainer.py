@@ -37,6 +37,7 @@ from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set
 from normprop_cli.nn import NIN
 
 MODELS = {"nin": NIN}
+DATA_INIT_IMAGES = 256  # the batch of weight normalisation's data-dependent initialisation
 METRIC_COLUMNS = [
     "epoch",
     "lr",
@@ -187,6 +188,13 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Se
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
     data_norm = make_data_norm(t.data_norm, data.train.x).to(device)
+    if getattr(model, "data_init", False):  # weight normalisation's data-dependent initialisation
+        gen = torch.Generator().manual_seed(int(cfg.seed))
+        pick = torch.randperm(len(data.train), generator=gen)[:DATA_INIT_IMAGES].to(data.train.x.device)
+        saved = {k: v.clone() for k, v in data_norm.state_dict().items()}
+        with torch.no_grad():  # the batch as training sees it; batch data normalisation's estimates kept
+            model.initialize(data_norm(to_float(data.train.x[pick])))
+        data_norm.load_state_dict(saved)
     optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device)
     step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options)
     return Run(

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from . import normalizers as nz
 from .layers import NormPropConv2d, NormPropLayer, fold
-from .stats import ACTIVATIONS
+from .normalizers import activation_module
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
 ARCHITECTURE = (
@@ -31,7 +32,7 @@ ARCHITECTURE = (
 )
 
 # (in_channels, out_channels, kernel, stride, padding, **options) -> module. The options are
-# NIN's `activation` and `jacobian`; a factory takes the ones it uses.
+# NIN's `activation`, `jacobian`, `width` and `renorm`; a factory takes the ones it uses.
 ConvFactory = Callable[..., nn.Module]
 
 
@@ -39,24 +40,7 @@ ConvFactory = Callable[..., nn.Module]
 class Norm:
     block: ConvFactory  # a hidden conv layer, activation included
     classifier: ConvFactory  # the last conv, no activation
-
-
-class _Elementwise(nn.Module):
-    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x)
-
-
-def activation_module(name: str) -> nn.Module:
-    """The plain (un-normalised) activation for the baselines."""
-    if name == "relu":
-        return nn.ReLU(inplace=True)
-    if name == "prelu":
-        return nn.PReLU(num_parameters=1, init=0.25)
-    return _Elementwise(ACTIVATIONS[name].fn)
+    activations: tuple[str, ...] | None = None  # the activations it takes; None: any
 
 
 def _glorot(conv: nn.Conv2d) -> nn.Conv2d:
@@ -92,12 +76,22 @@ NORMS: dict[str, Norm] = {
     "none": Norm(_plain_block, _plain_conv),
     "batchnorm": Norm(_batchnorm_block, _plain_conv),
     "normprop": Norm(_normprop_block, _normprop_classifier),
+    # SPEC section 11: the batch-independent normalisers (normalizers.py), and Batch Renormalization
+    "batchrenorm": Norm(nz.batchrenorm_block, _plain_conv),
+    "weightnorm": Norm(nz.weightnorm_block, nz.weightnorm_conv),
+    "layernorm": Norm(nz.layernorm_block, _plain_conv),
+    "groupnorm": Norm(nz.groupnorm_block, _plain_conv),
+    "ws-gn": Norm(nz.ws_gn_block, _plain_conv),
+    "scaledws": Norm(nz.scaledws_block, _plain_conv),
+    "frn": Norm(nz.frn_block, _plain_conv, activations=("relu",)),  # its TLU is the activation
 }
 
 
-def register_norm(name: str, block: ConvFactory, classifier: ConvFactory) -> None:
+def register_norm(
+    name: str, block: ConvFactory, classifier: ConvFactory, activations: tuple[str, ...] | None = None
+) -> None:
     """Make `NIN(norm=name)` build its hidden convs with `block` and its last with `classifier`."""
-    NORMS[name] = Norm(block, classifier)
+    NORMS[name] = Norm(block, classifier, activations)
 
 
 class NIN(nn.Module):
@@ -111,12 +105,18 @@ class NIN(nn.Module):
         width: float = 1.0,
         activation: str = "relu",
         jacobian: str = "divide",
+        renorm: dict | None = None,
+        data_init: bool = False,
     ) -> None:
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"unknown norm {norm!r}; known: {', '.join(sorted(NORMS))}")
         factories = NORMS[norm]
-        options = {"activation": activation, "jacobian": jacobian}
+        if factories.activations is not None and activation not in factories.activations:
+            raise ValueError(f"norm {norm!r} takes activation {' or '.join(factories.activations)}, not {activation!r}")
+        if data_init and norm != "weightnorm":
+            raise ValueError(f"data_init is weight normalisation's initialisation; norm {norm!r} has none")
+        options = {"activation": activation, "jacobian": jacobian, "width": width, "renorm": dict(renorm or {})}
         layers, channels, n_conv, n_pool = [], in_channels, 0, 0
         for kind, *spec in ARCHITECTURE:
             if kind == "P":
@@ -136,8 +136,14 @@ class NIN(nn.Module):
             layers.append((f"conv{n_conv}", conv))
             channels = filters
         self.features = nn.Sequential(OrderedDict(layers))
-        self.norm, self.num_classes = norm, num_classes
+        self.norm, self.num_classes, self.activation = norm, num_classes, activation
+        self.data_init = bool(data_init)  # weightnorm: Salimans and Kingma's initialisation, `initialize`
         self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]
+
+    def initialize(self, x: Tensor) -> None:
+        """The data-dependent initialisation, where the model has one (`data_init`), on the batch x."""
+        if self.data_init:
+            nz.weightnorm_data_init_(self, x)
 
     def hidden_layers(self) -> list[nn.Module]:
         """The 9 conv layers in order (the 9th is the classifier); hook their inputs."""

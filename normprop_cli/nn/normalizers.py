@@ -1,0 +1,270 @@
+"""The batch-independent normalisers NormProp is compared with (SPEC section 11), as members of the
+NIN's `norm` registry (nin.NORMS), on the same backbone: each builds a hidden conv block (conv,
+normalisation, activation) and the classifier conv.
+
+    batchrenorm  Batch Renormalization (Ioffe 2017): BN with r, d clipped, rmax/dmax warmed up
+    weightnorm   weight normalisation (Salimans and Kingma 2016), torch's parametrization;
+                 the data-dependent initialisation is `weightnorm_data_init_`
+    layernorm    GroupNorm with one group (Ba et al. 2016 for conv maps: over C, H, W)
+    groupnorm    GroupNorm (Wu and He 2018), 32 groups at width 1.0, scaled with the width
+    ws-gn        timm's StdConv2d (weight standardisation, Qiao et al. 2019) with GroupNorm
+    scaledws     timm's ScaledStdConv2d (Brock et al. 2021, NFNets) with the gain of the
+                 activation, 1 / std(act(N(0, 1))); no activation normalisation
+    frn          timm's filter response normalisation with its TLU (Singh and Krishnan 2020)
+
+Only torch and timm are used; the one layer neither ships, Batch Renormalization, is written here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from .stats import ACTIVATIONS, activation_stats
+
+GROUPS_AT_FULL_WIDTH = 32  # Wu and He's default; the count scales with the NIN's width
+# Ioffe (2017) keeps rmax = 1, dmax = 0 for 5,000 steps, then relaxes them linearly to rmax = 3 at
+# 40,000 steps and dmax = 5 at 25,000. Our runs are a few thousand steps at most: the same shape on
+# a clock 50 times faster (conf/model/nin.yaml `renorm`).
+RENORM = {"rmax": 3.0, "dmax": 5.0, "warmup_steps": 100, "rmax_steps": 800, "dmax_steps": 500}
+
+
+class BatchRenorm2d(nn.BatchNorm2d):
+    """Batch Renormalization (Ioffe 2017) for conv maps; `paper/batchnorm-notes.rst`.
+
+    Training:  x_hat = (x - mu_B) / sigma_B * r + d,  y = weight * x_hat + bias, with
+        r = stop_grad(clip(sigma_B / sigma, 1/rmax, rmax)),  d = stop_grad(clip((mu_B - mu) / sigma, -dmax, dmax))
+    where mu, sigma^2 are the running estimates (BatchNorm's buffers, updated as BatchNorm updates
+    them) and sigma_B^2 the biased batch variance plus eps. With r = 1, d = 0 (rmax = 1, dmax = 0,
+    the warm-up) it is BatchNorm exactly. Evaluation: BatchNorm's, the running estimates.
+    The limits grow with the training steps taken (`num_batches_tracked`): rmax from 1 and dmax
+    from 0 after `warmup_steps`, linearly, reaching their final values at `rmax_steps`, `dmax_steps`.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        rmax: float = RENORM["rmax"],
+        dmax: float = RENORM["dmax"],
+        warmup_steps: int = RENORM["warmup_steps"],
+        rmax_steps: int = RENORM["rmax_steps"],
+        dmax_steps: int = RENORM["dmax_steps"],
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+    ) -> None:
+        super().__init__(num_features, eps=eps, momentum=momentum)
+        if rmax < 1 or dmax < 0 or warmup_steps < 0 or rmax_steps < warmup_steps or dmax_steps < warmup_steps:
+            raise ValueError(
+                "batch renormalisation needs rmax >= 1, dmax >= 0 and warmup_steps <= rmax_steps, dmax_steps; got "
+                f"rmax={rmax}, dmax={dmax}, warmup_steps={warmup_steps}, rmax_steps={rmax_steps}, "
+                f"dmax_steps={dmax_steps}"
+            )
+        self.rmax, self.dmax = float(rmax), float(dmax)
+        self.warmup_steps, self.rmax_steps, self.dmax_steps = int(warmup_steps), int(rmax_steps), int(dmax_steps)
+
+    def limits(self) -> tuple[Tensor, Tensor]:
+        """(rmax, dmax) at the current step, as tensors on the module's device (no host read-back,
+        so the step can be captured in a CUDA graph)."""
+        t = self.num_batches_tracked.to(self.running_var.dtype)
+
+        def ramp(final: float, start: float, until: int) -> Tensor:
+            if until <= self.warmup_steps:
+                return torch.where(t < self.warmup_steps, start, final)
+            share = ((t - self.warmup_steps) / (until - self.warmup_steps)).clamp(0.0, 1.0)
+            return start + (final - start) * share
+
+        return ramp(self.rmax, 1.0, self.rmax_steps), ramp(self.dmax, 0.0, self.dmax_steps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(x)
+        rmax, dmax = self.limits()
+        dims = (0, 2, 3)
+        xs = x.to(torch.promote_types(x.dtype, self.running_mean.dtype))  # bf16 autocast: statistics in float32
+        mean = xs.mean(dims)
+        var = xs.var(dims, unbiased=False)
+        std = (var + self.eps).sqrt()
+        with torch.no_grad():
+            running_std = (self.running_var + self.eps).sqrt()
+            r = torch.minimum(torch.maximum(std / running_std, 1.0 / rmax), rmax)
+            d = torch.minimum(torch.maximum((mean - self.running_mean) / running_std, -dmax), dmax)
+            self._update_running(mean, var, x.numel() // x.shape[1])
+        scale = self.weight * r / std
+        shift = self.bias + self.weight * (d - r * mean / std)
+        return (xs * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
+
+    def _update_running(self, mean: Tensor, var: Tensor, n: int) -> None:
+        """As nn.BatchNorm2d: exponential average (cumulative where momentum is None) of the batch
+        mean and the unbiased batch variance."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            factor = 1.0 / self.num_batches_tracked.to(mean.dtype)
+        else:
+            factor = torch.tensor(float(self.momentum), dtype=mean.dtype, device=mean.device)
+        unbiased = var * (n / max(n - 1, 1))
+        self.running_mean.lerp_(mean, factor)
+        self.running_var.lerp_(unbiased, factor)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, rmax={self.rmax}, dmax={self.dmax}, warmup_steps={self.warmup_steps}, "
+            f"rmax_steps={self.rmax_steps}, dmax_steps={self.dmax_steps}"
+        )
+
+
+def groups_for(channels: int, width: float) -> int:
+    """GroupNorm's group count: 32 at width 1.0 scaled with the width, lowered to the nearest count
+    that divides `channels` (the NIN's 192, 160 and 96 filters take 32 groups at width 1.0, and
+    their 48, 40 and 24 at width 0.25 take 8)."""
+    target = max(1, min(channels, round(GROUPS_AT_FULL_WIDTH * float(width))))
+    return next(g for g in range(target, 0, -1) if channels % g == 0)
+
+
+def activation_gain(activation: str) -> float:
+    """NFNets' gain gamma = 1 / std(act(X)), X ~ N(0, 1): a unit-variance pre-activation gives a
+    unit-variance output (Brock et al. 2021a, section 4); c1 of Remark 1 / eq. 12."""
+    return 1.0 / float(activation_stats(activation).std)
+
+
+class _Elementwise(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def activation_module(name: str) -> nn.Module:
+    """The plain (un-normalised) activation of the baselines' blocks."""
+    if name == "relu":
+        return nn.ReLU(inplace=True)
+    if name == "prelu":
+        return nn.PReLU(num_parameters=1, init=0.25)
+    return _Elementwise(ACTIVATIONS[name].fn)
+
+
+class Gain(nn.Module):
+    """Multiplication by a fixed gain (NFNets' scaled activation, for activations that are not
+    positively homogeneous)."""
+
+    def __init__(self, gain: float) -> None:
+        super().__init__()
+        self.gain = float(gain)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gain
+
+    def extra_repr(self) -> str:
+        return f"gain={self.gain:.6g}"
+
+
+HOMOGENEOUS = ("relu", "prelu", "identity")  # act(g z) = g act(z) for g > 0: the gain can go on the weights
+
+
+@torch.no_grad()
+def weightnorm_data_init_(model: nn.Module, x: Tensor) -> None:
+    """Salimans and Kingma's (2016, section 3) data-dependent initialisation, layer by layer in
+    order: with t = (v * x) / ||v|| on the batch `x`, set g = 1 / std(t) and b = -mean(t) / std(t)
+    per output channel, so every pre-activation starts with mean 0 and variance 1 on the batch."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d) and _is_weight_normed(m)]
+    if not convs:
+        return
+    pending = list(convs)
+
+    def hook(module, inputs, output):
+        if not pending or module is not pending[0]:
+            return output
+        pending.pop(0)
+        v = module.parametrizations.weight.original1
+        w = v / v.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+        t = F.conv2d(inputs[0], w, None, module.stride, module.padding, module.dilation, module.groups)
+        mean, std = t.mean((0, 2, 3)), t.std((0, 2, 3), unbiased=False).clamp_min(1e-6)
+        module.parametrizations.weight.original0.copy_((1.0 / std).view_as(module.parametrizations.weight.original0))
+        module.bias.copy_(-mean / std)
+        return module._conv_forward(inputs[0], module.weight, module.bias)
+
+    handles = [m.register_forward_hook(hook) for m in convs]
+    training = model.training
+    try:
+        model.eval()
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(training)
+
+
+def _is_weight_normed(conv: nn.Module) -> bool:
+    return hasattr(conv, "parametrizations") and "weight" in conv.parametrizations
+
+
+def _conv(i, o, k, s, p, bias: bool) -> nn.Conv2d:
+    conv = nn.Conv2d(i, o, k, s, p, bias=bias)
+    nn.init.xavier_uniform_(conv.weight)  # section 4.2, as for the paper's baselines
+    if bias:
+        nn.init.zeros_(conv.bias)
+    return conv
+
+
+def batchrenorm_block(i, o, k, s, p, activation="relu", renorm=None, **_) -> nn.Module:
+    return nn.Sequential(
+        _conv(i, o, k, s, p, bias=False), BatchRenorm2d(o, **(renorm or {})), activation_module(activation)
+    )
+
+
+def weightnorm_conv(i, o, k, s, p, **_) -> nn.Module:
+    """w = g v / ||v||, with v drawn as the baselines' weights (section 4.2) and g = ||v||: the net starts
+    as the unnormalised one, unless `weightnorm_data_init_` (the model's data_init) then rescales it."""
+    return weight_norm(_conv(i, o, k, s, p, bias=True), dim=0)
+
+
+def weightnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    return nn.Sequential(weightnorm_conv(i, o, k, s, p), activation_module(activation))
+
+
+def layernorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    return nn.Sequential(_conv(i, o, k, s, p, bias=False), nn.GroupNorm(1, o), activation_module(activation))
+
+
+def groupnorm_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module:
+    return nn.Sequential(
+        _conv(i, o, k, s, p, bias=False), nn.GroupNorm(groups_for(o, width), o), activation_module(activation)
+    )
+
+
+def ws_gn_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module:
+    from timm.layers import StdConv2d
+
+    conv = StdConv2d(i, o, k, stride=s, padding=p, bias=False, eps=1e-5)
+    return nn.Sequential(conv, nn.GroupNorm(groups_for(o, width), o), activation_module(activation))
+
+
+def scaledws_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    """ScaledStdConv2d, W_hat = gain * gamma * (W - mean(W)) / (std(W) sqrt(fan_in)), then the
+    activation. For ReLU and PReLU gamma goes on the weights (timm's usage, act(gamma z) = gamma act(z));
+    for the others after the activation (NFNets' act_with_gamma), where it must be."""
+    from timm.layers import ScaledStdConv2d
+
+    gamma = activation_gain(activation)
+    if activation in HOMOGENEOUS:
+        return nn.Sequential(ScaledStdConv2d(i, o, k, stride=s, padding=p, gamma=gamma), activation_module(activation))
+    return nn.Sequential(
+        ScaledStdConv2d(i, o, k, stride=s, padding=p, gamma=1.0), activation_module(activation), Gain(gamma)
+    )
+
+
+def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    from timm.layers import FilterResponseNormTlu2d
+
+    if activation != "relu":
+        raise ValueError(
+            f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"
+        )
+    return nn.Sequential(_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))
+
+
+def plain_classifier(i, o, k, s, p, **_) -> nn.Module:
+    return _conv(i, o, k, s, p, bias=True)

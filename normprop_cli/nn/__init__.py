@@ -12,7 +12,8 @@ Use in your own model::
 Inputs should be normalised per element (section 4.1). `activation=` takes "relu" (default),
 "prelu" (learnable slope), "tanh", "sigmoid", "identity" or a name given to
 `register_activation`; `jacobian=` takes "divide" (ICML), "init" (arXiv) or "off".
-This package imports only torch and numpy.
+This package imports only torch and numpy, and timm for three of the normalisers
+(`ws-gn`, `scaledws`, `frn`) when they are built.
 """
 
 from .dependence import input_dependent
@@ -24,7 +25,9 @@ from .layers import (
     constrain_unit_norm_,
     reference_forward,
 )
+from .methods import METHODS
 from .nin import ARCHITECTURE, NIN, NORMS, register_norm
+from .normalizers import BatchRenorm2d, weightnorm_data_init_
 from .stats import (
     ACTIVATIONS,
     ActivationStats,
@@ -46,9 +49,11 @@ __all__ = [
     "ACTIVATIONS",
     "ARCHITECTURE",
     "JACOBIAN_MODES",
+    "METHODS",
     "NIN",
     "NORMS",
     "ActivationStats",
+    "BatchRenorm2d",
     "DropoutScale",
     "Moments",
     "NormPropConv2d",
@@ -68,4 +73,5 @@ __all__ = [
     "register_activation",
     "register_norm",
     "relu_stats",
+    "weightnorm_data_init_",
 ]

@@ -8,7 +8,7 @@ DATASET ?=
 JOBS   ?= 1
 DATASET_OPT := $(if $(DATASET),--dataset $(DATASET),)
 
-.PHONY: install test lint reproduce-all bench clean
+.PHONY: install test lint reproduce-all bench gpu-check clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ reproduce-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/normprop bench
+
+# On a CUDA machine: the CUDA tests, every method benched (channels_last, bf16, CUDA graphs) and one
+# CIFAR-10-protocol epoch timed, into results/bench/gpu/. Without CUDA: one line, exit status 2.
+gpu-check: $(STAMP)
+	$(BIN)/normprop gpu-check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,19 +1,34 @@
 """`normprop bench`: the NIN training step with each normalisation, timed (paper section 5.6).
 
     normprop bench        (or make bench) -> results/bench/bench.csv, results/bench/epochs.csv
+    normprop bench --methods none,batchnorm,normprop-icml      a subset of the methods
 
-Steps. For each width and batch size the three methods are built side by side and stepped in
-turn, the order rotating every round, so that whatever else slows the machine hits all three
-alike. A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for
-NormProp, the unit-norm constraint, on a batch of digits already normalised and on the device.
-The figure is the median of the timed steps after the warm-up ones; `steps=None` times as many
-as fit in `budget_s` seconds per configuration (at least 5). On the CPU the same steps also say
-where the time went, by phase: forward (with the loss), backward, optimizer, constraint.
+Methods. Every method of `nn.methods.METHODS` (none, batchnorm, batchrenorm, weightnorm,
+layernorm, groupnorm, ws-gn, scaledws, frn, normprop-icml, normprop-arxiv), or the subset asked
+for; the `method` column holds that name. A method's model options (`norm`, NormProp's
+`jacobian`) come from METHODS; NormProp's unit-norm constraint follows every step where `norm`
+is normprop. `ratio_vs_none` and `ratio_vs_batchnorm` divide a method's median by that of none
+and of batchnorm in the same configuration (empty where that method was not timed).
+
+Steps. For each width and batch size the methods are built side by side and stepped in turn,
+the order rotating every round, so that whatever else slows the machine hits all of them alike.
+A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for NormProp,
+the unit-norm constraint, on a batch of digits already normalised and on the device. The figure
+is the median of the timed steps after the warm-up ones; `steps=None` times as many rounds (one
+step of every method each) as fit in `budget_s` seconds per configuration, at least 5 and at most
+200. The budget covers a configuration's rounds, all methods together, so more methods mean fewer
+steps each rather than a longer bench. The default went from 20 s (three methods) to 30 s for the
+11: every method gets 5 to about 20 timed steps at width 1.0, batch 50 and 100 (at batch 100 in
+float32 a round takes longer than budget/5, so the 5 rounds' floor sets the time), 40 or more in
+the other configurations, and the default bench (12 configurations where bfloat16 is native, and
+the epochs below) takes about 10 minutes on an idle 2-core CPU. On the CPU the same steps also
+say where the time went, by phase: forward (with the loss), backward, optimizer, constraint.
 
 Epochs. Whole epochs through the trainer's own `train_epoch` and `evaluate` on the digits data
-set with the quick preset's shapes (width 0.25, batch 50, batch data normalisation), the methods
-again in turn, after one warm-up epoch each. The step calls inside are timed, so the share of an
-epoch outside the steps (data, evaluation, bookkeeping) is measured, not estimated.
+set with the quick preset's shapes (width 0.25, batch 50, batch data normalisation), every method
+timed in the steps (all of METHODS by default) in turn, after one warm-up epoch each. The step
+calls inside are timed, so the share of an epoch outside the steps (data, evaluation,
+bookkeeping) is measured, not estimated.
 
 Precision. Every configuration is timed in float32 and, where the device computes in bfloat16
 natively (`device.bf16_supported`: CUDA compute capability 8.0 on, a CPU with AMX or
@@ -21,7 +36,7 @@ AVX512-BF16), again under bfloat16 autocast (`train.amp`); elsewhere one line sa
 is left out. The `precision` column says which; `options` the rest of how the step runs.
 
 No normalisation trains at lr 0.0001, as in section 5.2 (larger rates diverge); the learning
-rate does not change the work of a step.
+rate does not change the work of a step. `finite` is per method: whether all its losses were.
 """
 
 from __future__ import annotations
@@ -40,8 +55,8 @@ import torch
 from normprop_cli import device as devices
 from normprop_cli import io
 from normprop_cli.engine.step import PHASES, Step, StepOptions, make_optimizer, make_step
+from normprop_cli.nn.methods import METHODS
 
-METHODS = ("none", "batchnorm", "normprop")
 PRECISIONS = ("float32", "bfloat16")
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
@@ -58,12 +73,13 @@ def run_bench(
     device: str = "auto",
     results_dir: str | Path = "results",
     epochs: int = 2,
-    budget_s: float = 20.0,
+    budget_s: float = 30.0,
     threads: int | None = None,
     options: StepOptions | None = None,
     preset: str = "quick",
     quiet: bool = False,
     precisions: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Time steps and epochs; write results/bench/{bench,epochs}.csv; return the step table.
 
@@ -71,11 +87,14 @@ def run_bench(
     `preset` gives the data set and the epochs' shapes (tests use "smoke"); `options` how a step
     runs (default: the config's `train:` options, as the trainer takes them; `amp` comes from the
     precision); `threads` sets torch's CPU threads (default: torch's own choice, all cores);
-    `precisions` some of PRECISIONS (default: both where bfloat16 is native, else float32).
+    `precisions` some of PRECISIONS (default: both where bfloat16 is native, else float32);
+    `methods` some of METHODS (default: all). An unknown precision or method is a ValueError,
+    raised before anything is timed or written.
     """
     from normprop_cli import config
     from normprop_cli.engine.sweep import load_data
 
+    methods = choose_methods(methods)
     dev = devices.resolve(device)
     devices.prepare(dev)
     if threads:
@@ -87,23 +106,50 @@ def run_bench(
         print(note)
     runs = {p: dataclasses.replace(options, amp=p == "bfloat16") for p in precisions}
     data = load_data(cfg, dev)
-    rows = []
-    for width in widths:
-        for bs in batch_sizes:
-            for p, opts in runs.items():
-                times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts)
-                rows += _rows(times, phases, finite, width, bs, p, dev, opts)
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    table = step_table(data, cfg, dev, widths, batch_sizes, runs, methods, steps, warmup, budget_s)
     out = Path(results_dir) / "bench"
     io.write_csv(out / "bench.csv", table)
     table.attrs["epochs"] = None
     if epochs:
-        tables = [epoch_table(data, cfg, dev, epochs, opts) for opts in runs.values()]
+        tables = [epoch_table(data, cfg, dev, epochs, opts, methods) for opts in runs.values()]
         table.attrs["epochs"] = pd.concat(tables, ignore_index=True)
         io.write_csv(out / "epochs.csv", table.attrs["epochs"])
     if not quiet:
         show(table)
     return table
+
+
+def choose_methods(methods: Sequence[str] | None = None) -> tuple[str, ...]:
+    """Some of METHODS, in METHODS' order (default: all of them); ValueError on an unknown name."""
+    if methods is None:
+        return tuple(METHODS)
+    asked = {m.strip() for m in methods}
+    unknown = sorted(asked - set(METHODS))
+    if unknown or not asked:
+        raise ValueError(f"unknown method {', '.join(unknown)!r}; use some of {', '.join(METHODS)}")
+    return tuple(m for m in METHODS if m in asked)
+
+
+def method_cfg(cfg, method: str):
+    """`cfg` with METHODS[method]'s model options (norm, NormProp's jacobian) and its learning rate."""
+    cfg = copy.deepcopy(cfg)
+    for key, value in METHODS[method].items():
+        cfg.model[key] = value
+    if method == "none":
+        cfg.train.lr = 1e-4  # section 5.2: larger rates diverge
+    return cfg
+
+
+def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions], methods=tuple(METHODS),
+               steps=None, warmup=2, budget_s=30.0) -> pd.DataFrame:  # fmt: skip
+    """COLUMNS' rows: every width x batch size x (precision: options) of `runs`, `methods` side by side."""
+    rows = []
+    for width in widths:
+        for bs in batch_sizes:
+            for p, opts in runs.items():
+                times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts, methods)
+                rows += _rows(times, phases, finite, width, bs, p, dev, opts)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def choose_precisions(dev, precisions: Sequence[str] | None = None) -> tuple[tuple[str, ...], str]:
@@ -123,18 +169,18 @@ def choose_precisions(dev, precisions: Sequence[str] | None = None) -> tuple[tup
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
-               methods=METHODS):  # fmt: skip
+               methods=tuple(METHODS)):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
-    eager steps only, where marking a phase's end costs nothing; else empty); whether every loss
-    was finite."""
+    eager steps only, where marking a phase's end costs nothing; else empty); {method: whether
+    every loss of its steps was finite}."""
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     x, y = _batches(data, cfg, dev, batch_size)
-    runs = {m: _step(cfg, data, dev, m, options) for m in methods}
+    runs = {m: build_step(cfg, data, dev, m, options) for m in methods}
     phased = dev.type == "cpu" and all(type(run) is Step for run in runs.values())
     times = {m: [] for m in methods}
     phases = {m: {p: [] for p in PHASES} for m in methods}
-    losses = []
+    losses = {m: [] for m in methods}
     order = list(methods)
     rounds, r = (steps or 5) + warmup, 0
     while r < rounds:
@@ -148,13 +194,13 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
                 loss, _ = runs[m](x[i], y[i])
             devices.synchronize(dev)
             times[m].append(1e3 * (time.perf_counter() - t0))
-            losses.append(loss)
+            losses[m].append(loss)
         order = order[1:] + order[:1]  # rotate: no method is always first after another
         r += 1
         if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget
             per_round = sum(t[-1] for t in times.values()) / 1e3
             rounds = warmup + min(200, max(5, int(budget_s / max(per_round, 1e-6))))
-    finite = bool(torch.isfinite(torch.stack(losses)).all())
+    finite = {m: bool(torch.isfinite(torch.stack(v)).all()) for m, v in losses.items()}
     phases = {m: {p: t[warmup:] for p, t in ph.items()} for m, ph in phases.items()} if phased else {}
     return {m: t[warmup:] for m, t in times.items()}, phases, finite
 
@@ -171,18 +217,36 @@ class _PhaseClock:
         self.last = now
 
 
-def _step(cfg, data, dev, method, options):
+def build_step(cfg, data, dev, method, options):
+    """`method`'s model (METHODS' options), SGD and step, the unit-norm constraint where norm is normprop."""
     from normprop_cli.engine.trainer import build_model
 
-    cfg = copy.deepcopy(cfg)
-    cfg.model.norm = method
+    cfg = method_cfg(cfg, method)
     torch.manual_seed(0)
     model = build_model(cfg.model, data).to(dev)
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    lr = 1e-4 if method == "none" else cfg.train.lr  # section 5.2: larger rates diverge
-    opt = make_optimizer(model, lr, cfg.train.momentum, cfg.train.weight_decay, dev)
-    return make_step(model, torch.nn.Identity(), opt, method == "normprop", options)
+    opt = make_optimizer(model, cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay, dev)
+    return make_step(model, torch.nn.Identity(), opt, cfg.model.norm == "normprop", options)
+
+
+def failing_methods(data, cfg, dev, options: StepOptions, methods=tuple(METHODS), width: float = 0.25,
+                    batch_size: int = 8) -> dict[str, str]:  # fmt: skip
+    """{method: its error, one line} for each method whose step fails under `options` (e.g. cannot
+    be captured in a CUDA graph); two steps each, on a small NIN."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.width = width
+    x, y = _batches(data, cfg, dev, batch_size, count=1)
+    failed = {}
+    for m in methods:
+        try:
+            step = build_step(cfg, data, dev, m, options)
+            for _ in range(2):
+                step(x[0], y[0])
+            devices.synchronize(dev)
+        except Exception as exc:  # any failure is reported beside the timings, not raised
+            failed[m] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return failed
 
 
 def _batches(data, cfg, dev, batch_size, count: int = 16):
@@ -212,23 +276,20 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
             "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
             "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
             **phase_ms,
-            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite,
+            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
         })  # fmt: skip
     return rows
 
 
-def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=METHODS) -> pd.DataFrame:
+def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=tuple(METHODS)) -> pd.DataFrame:
     """Whole epochs through the trainer (train_epoch + evaluate), the methods in turn."""
     from normprop_cli.engine.trainer import evaluate, make_run, train_epoch
 
     runs, clocks = {}, {}
     for m in methods:
-        c = copy.deepcopy(cfg)
-        c.model.norm = m
+        c = method_cfg(cfg, m)
         for key in OPTIONS:
             c.train[key] = getattr(options, key)
-        if m == "none":
-            c.train.lr = 1e-4  # section 5.2
         torch.manual_seed(0)
         run = make_run(c, data, dev)
         clocks[m] = _Clock(run.step, dev)
@@ -310,14 +371,11 @@ def _load() -> float:
 
 def show(table: pd.DataFrame) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 100))  # the methods' names in full
     first = table.iloc[0]
-    t = Table(title=f"NIN training step, ms (median of the timed steps), {first['device']}, "
-              f"{first['options']}")  # fmt: skip
-    for col in ("width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN"):
-        t.add_column(col, justify="right")
+    t = _table(f"NIN training step, ms (median of the timed steps), {first['device']}, {first['options']}",
+               "width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN")  # fmt: skip
     for r in table.itertuples():
         t.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method, str(r.steps),
                   f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
@@ -325,18 +383,15 @@ def show(table: pd.DataFrame) -> None:
     console.print(t)
     phase_cols = [f"{p}_ms_median" for p in PHASES]
     if table[phase_cols].notna().all(axis=None):
-        p = Table(title="Where a step goes: median ms of each phase")
-        for col in ("width", "batch", "precision", "method", *PHASES):
-            p.add_column(col, justify="right")
+        p = _table("Where a step goes: median ms of each phase", "width", "batch", "precision", "method", *PHASES)
         for r in table.itertuples():
             p.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method,
                       *(f"{getattr(r, c):.2f}" for c in phase_cols))  # fmt: skip
         console.print(p)
     epochs = table.attrs.get("epochs")
     if epochs is not None and len(epochs):
-        e = Table(title="Whole epochs (digits, quick preset): seconds and shares of the epoch")
-        for col in ("precision", "method", "epoch s", "steps s", "eval s", "outside", "data+books", "eval"):
-            e.add_column(col, justify="right")
+        e = _table("Whole epochs (digits, quick preset): seconds and shares of the epoch",
+                   "precision", "method", "epoch s", "steps s", "eval s", "outside", "data+books", "eval")  # fmt: skip
         for r in epochs.itertuples():
             e.add_row(r.precision, r.method, f"{r.epoch_s:.2f}", f"{r.steps_s:.2f}", f"{r.eval_s:.2f}",
                       f"{100 * r.outside_share:.1f}%", f"{100 * r.data_share:.1f}%",
@@ -346,3 +401,14 @@ def show(table: pd.DataFrame) -> None:
     console.print(f"flush-to-zero of denormal floats: {'on' if flushed else 'OFF'}; "
                   f"load average {table['load_average'].iloc[-1]:.2f}; "
                   f"threads {table['threads'].iloc[0]}")  # fmt: skip
+
+
+def _table(title: str, *columns: str):
+    """A compact rich table."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for col in columns:
+        t.add_column(col, justify="right")
+    return t

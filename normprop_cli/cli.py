@@ -216,7 +216,7 @@ def reproduce_all(
 def bench(
     batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,50,100",
     widths: Annotated[str, typer.Option(help="Comma-separated NIN widths.")] = "1.0,0.25",
-    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration.")] = 20.0,
+    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration, all methods.")] = 30.0,
     epochs: Annotated[int, typer.Option(help="Whole epochs timed per method (0: none).")] = 2,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's).")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")] = "auto",
@@ -224,8 +224,11 @@ def bench(
     precision: Annotated[
         str, typer.Option(help="auto (bfloat16 too where native) or comma-separated float32, bfloat16.")
     ] = "auto",
+    methods: Annotated[
+        str, typer.Option(help="all, or comma-separated methods (none, batchnorm, normprop-icml, ...).")
+    ] = "all",
 ) -> None:
-    """Time the NIN training step of none, batchnorm and normprop side by side; write bench.csv."""
+    """Time the NIN training step of every normalisation method side by side; write bench.csv."""
     from normprop_cli.bench import PRECISIONS, run_bench
 
     try:
@@ -238,6 +241,7 @@ def bench(
     precisions = None if precision.strip() == "auto" else [p.strip() for p in precision.split(",")]
     if precisions is not None and not set(precisions) <= set(PRECISIONS):
         raise UserError(f"--precision takes auto or some of {', '.join(PRECISIONS)}, comma-separated")
+    names = parse_methods(methods)
     run_bench(
         batch_sizes=sizes,
         widths=ws,
@@ -247,8 +251,40 @@ def bench(
         device=device,
         results_dir=results_dir,
         precisions=precisions,
+        methods=names,
     )
     typer.echo(f"wrote {results_dir / 'bench' / 'bench.csv'}")
+
+
+@app.command("gpu-check")
+@user_errors
+def gpu_check(
+    methods: Annotated[
+        str, typer.Option(help="all, or comma-separated methods (none, batchnorm, normprop-icml, ...).")
+    ] = "all",
+    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration, all methods.")] = 5.0,
+    tests: Annotated[bool, typer.Option("--tests/--no-tests", help="Run the CUDA tests first.")] = True,
+    results_dir: Annotated[Path, typer.Option(help="Where results go (bench/gpu/ in it).")] = Path("results"),
+) -> None:
+    """On a CUDA GPU: the CUDA tests, every method's step timed, a CIFAR-10 epoch; results/bench/gpu/."""
+    from normprop_cli.gpu_check import run_gpu_check
+
+    names = parse_methods(methods)
+    if budget <= 0:
+        raise UserError(f"--budget must be > 0, got {budget}")
+    raise typer.Exit(run_gpu_check(results_dir=results_dir, methods=names, budget_s=budget, tests=tests))
+
+
+def parse_methods(methods: str) -> tuple[str, ...] | None:
+    """--methods: None for all, else the names, each one of nn.methods.METHODS (a UserError if not)."""
+    from normprop_cli.bench import choose_methods
+
+    if methods.strip() == "all":
+        return None
+    try:
+        return choose_methods([m for m in methods.split(",") if m.strip()])
+    except ValueError as exc:
+        raise UserError(f"--methods: {exc}") from None
 
 
 def main() -> None:

@@ -7,8 +7,20 @@ import pytest
 import torch
 
 from normprop_cli import device as devices
-from normprop_cli.bench import COLUMNS, EPOCH_COLUMNS, PRECISIONS, choose_precisions, denormals_flushed, run_bench
-from normprop_cli.engine.step import PHASES
+from normprop_cli.bench import (
+    COLUMNS,
+    EPOCH_COLUMNS,
+    PRECISIONS,
+    build_step,
+    choose_methods,
+    choose_precisions,
+    denormals_flushed,
+    run_bench,
+)
+from normprop_cli.engine.step import PHASES, StepOptions
+from normprop_cli.nn.methods import METHODS
+
+TIMED = ("none", "batchnorm", "normprop-icml")
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +28,7 @@ def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     table = run_bench(batch_sizes=(1, 4), widths=(0.0625,), steps=3, warmup=1, device="cpu",
                       results_dir=out, epochs=1, preset="smoke", quiet=True,
-                      precisions=PRECISIONS)  # fmt: skip
+                      precisions=PRECISIONS, methods=TIMED)  # fmt: skip
     return table, out
 
 
@@ -25,7 +37,7 @@ def test_bench_writes_the_table_it_returns(bench):
     assert list(table.columns) == COLUMNS
     on_disk = pd.read_csv(out / "bench" / "bench.csv")
     assert list(on_disk.columns) == COLUMNS and len(on_disk) == len(table) == 12
-    assert sorted(table["method"].unique()) == ["batchnorm", "none", "normprop"]
+    assert tuple(table["method"].unique()) == TIMED  # METHODS' names, in METHODS' order
     assert table.groupby("precision").size().to_dict() == {"bfloat16": 6, "float32": 6}
     assert (table["options"] == "channels_last").all()  # the precision is not an option of its own
     assert set(table["batch_size"]) == {1, 4} and set(table["width"]) == {0.0625}
@@ -95,3 +107,50 @@ def test_an_unknown_precision_is_a_one_line_error(cli):
     result = cli("bench", "--precision", "float16", "--results-dir", cli.results)
     assert result.exit_code == 2 and "--precision" in result.output
     assert not cli.results.exists()
+
+
+def test_every_method_steps_side_by_side(tmp_path):
+    """The default bench: a row per METHODS name, its own model options, finite losses, both precisions."""
+    table = run_bench(batch_sizes=(2,), widths=(0.0625,), steps=1, warmup=0, device="cpu", results_dir=tmp_path,
+                      epochs=0, preset="smoke", quiet=True, precisions=PRECISIONS)  # fmt: skip
+    for precision, group in table.groupby("precision"):
+        assert list(group["method"]) == list(METHODS), precision
+        assert group["finite"].all(), group.loc[~group["finite"], "method"].tolist()
+    assert len(pd.read_csv(tmp_path / "bench" / "bench.csv")) == 2 * len(METHODS)
+
+
+def test_a_method_steps_with_its_model_options():
+    """norm and NormProp's jacobian from METHODS; the unit-norm constraint for NormProp alone."""
+    from normprop_cli import config
+    from normprop_cli.engine.sweep import load_data
+    from normprop_cli.nn.layers import NormPropLayer
+
+    cpu = torch.device("cpu")
+    cfg = config.load("table1", preset="smoke")
+    data = load_data(cfg, cpu)
+    for method, options in METHODS.items():
+        step = build_step(cfg, data, cpu, method, StepOptions())
+        assert step.model.norm == options["norm"] and step.constrain == (options["norm"] == "normprop"), method
+        jacobians = {m.jacobian for m in step.model.modules() if isinstance(m, NormPropLayer)}
+        assert jacobians == ({options["jacobian"]} if "jacobian" in options else set()), method
+        assert step.optimizer.param_groups[0]["lr"] == (1e-4 if method == "none" else cfg.train.lr)
+
+
+def test_methods_pick_a_subset_and_ratios_need_their_reference(cli):
+    tiny = ("--widths", "0.0625", "--batch-sizes", "2", "--budget", "0.01", "--epochs", "0", "--precision", "float32")
+    result = cli("bench", "--methods", "normprop-arxiv, batchnorm", *tiny, "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(cli.results / "bench" / "bench.csv")
+    assert list(table["method"]) == ["batchnorm", "normprop-arxiv"]
+    assert table["ratio_vs_none"].isna().all()  # none was not timed
+    assert table.set_index("method").loc["batchnorm", "ratio_vs_batchnorm"] == 1.0
+    assert choose_methods(None) == tuple(METHODS)
+
+
+def test_an_unknown_method_is_a_one_line_error_and_writes_nothing(cli):
+    result = cli("bench", "--methods", "none,groupnrom", "--results-dir", cli.results)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "groupnrom" in result.output and "normprop-icml" in result.output
+    assert not cli.results.exists()
+    with pytest.raises(ValueError, match="normprop'"):
+        choose_methods(["normprop"])  # NormProp is named by its form: normprop-icml or normprop-arxiv

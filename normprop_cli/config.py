@@ -78,7 +78,35 @@ def load(
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)
+    if cfg.experiment.get("methods") is not None and not cfg.get("grid"):
+        cfg.grid = method_grid(cfg.experiment)
     return cfg
+
+
+def method_grid(experiment: DictConfig) -> list[dict]:
+    """The grid of an experiment that compares `methods` (nn.methods.METHODS) at `batch_sizes`: one
+    setting <method>-b<batch size> each, at the rate `lr[i]` of its batch size times the method's
+    `lr_scale` (default 1), the centre of its learning-rate sweep."""
+    from normprop_cli.nn.methods import METHODS
+
+    methods, sizes, rates = list(experiment.methods), list(experiment.batch_sizes), list(experiment.lr)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UserError(
+            f"experiment.methods: {', '.join(map(str, unknown))} not known; use some of {', '.join(METHODS)}"
+        )
+    if len(rates) != len(sizes) or not sizes:
+        raise UserError(
+            f"experiment.lr gives {len(rates)} rates for {len(sizes)} batch sizes ({sizes}); give one per batch size"
+        )
+    scale = experiment.get("lr_scale") or {}
+    return [
+        {"id": f"{m}-b{int(bs)}",
+         "set": {f"model.{k}": v for k, v in METHODS[m].items()}
+                | {"train.batch_size": int(bs), "train.lr": float(f"{float(lr) * float(scale.get(m, 1.0)):.6g}")}}
+        for bs, lr in zip(sizes, rates, strict=True)
+        for m in methods
+    ]  # fmt: skip
 
 
 def _override_value(value) -> str:

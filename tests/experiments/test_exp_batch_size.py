@@ -5,6 +5,7 @@ import pytest
 
 from normprop_cli import config
 from normprop_cli.experiments import batch_size
+from normprop_cli.experiments.lr_sweep import SWEEP
 
 # 2 seeds for an interval; 24 images keep the batch-1 runs (one step per image) to seconds.
 ARGS = ["--preset", "smoke", "--quiet", "--seeds", "2", "dataset.limit=24"]
@@ -33,7 +34,7 @@ def test_each_batch_size_trains_at_the_rate_its_validation_sweep_chose(results):
     split, recorded; the winner has the best final validation accuracy of its setting."""
     sweep = results / "batch-size" / "synthetic"
     lr_sweep = pd.read_csv(sweep / "lr_sweep.csv")
-    assert list(lr_sweep.columns) == batch_size.SWEEP
+    assert list(lr_sweep.columns) == SWEEP
     summary = pd.read_csv(sweep / "summary.csv")
     for setting, g in lr_sweep.groupby("setting"):
         assert len(g) == 2 and g["chosen"].sum() == 1  # the smoke preset's factors: 1 and 2

@@ -1,0 +1,112 @@
+"""SPEC §11 normalizers: every method at every batch size at the rate its sweep chose, ranked per
+batch size against the reference (NormProp), with the population drift and BN's mode gap at batch 1."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from normprop_cli import config
+from normprop_cli.cli import app
+from normprop_cli.errors import UserError
+from normprop_cli.experiments import normalizers
+from normprop_cli.nn import NIN
+from normprop_cli.nn.methods import METHODS
+
+# 24 images keep the batch-1 runs (one step per image) to seconds.
+ARGS = ["--preset", "smoke", "--quiet", "dataset.limit=24"]
+
+
+@pytest.fixture(scope="module")
+def sweep(run_experiment):
+    return run_experiment("normalizers", *ARGS) / "normalizers" / "synthetic"
+
+
+def test_every_method_and_batch_size_is_ranked_at_its_chosen_rate(sweep):
+    table = pd.read_csv(sweep / "normalizers.csv")
+    assert list(table.columns) == normalizers.TABLE
+    assert set(zip(table["batch_size"], table["normalizer"], strict=True)) == {
+        (b, m) for b in (1, 8) for m in ("batchnorm", "groupnorm", "normprop-icml")
+    }
+    for _, g in table.groupby("batch_size"):
+        assert list(g["rank"]) == [1, 2, 3]
+        assert g["final_acc"].is_monotonic_decreasing
+        assert g.loc[g["normalizer"] == "normprop-icml", "reading"].tolist() == ["reference"]
+        others = g[g["normalizer"] != "normprop-icml"]
+        assert set(others["reading"]) <= {"better", "worse", "indistinguishable", "no interval"}
+    chosen = pd.read_csv(sweep / "lr_sweep.csv").query("chosen")
+    rates = dict(zip(chosen["setting"], chosen["lr"], strict=True))
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert (summary["initial_lr"] == summary["setting"].map(rates)).all()
+    assert len(summary) == 12 and (summary["status"] == "complete").all()
+    assert summary["drift"].map(math.isfinite).all() and (summary["step_ms"] > 0).all()
+
+
+def test_only_batch_statistics_at_batch_1_get_the_mode_gap(sweep):
+    gaps = pd.read_csv(sweep / "mode_gap.csv")
+    assert set(gaps["setting"]) == {"batchnorm-b1"}
+    assert gaps[["eval_mode_acc", "train_mode_acc"]].apply(lambda c: c.between(0, 100)).all().all()
+    table = pd.read_csv(sweep / "normalizers.csv").set_index(["batch_size", "normalizer"])
+    assert math.isfinite(table.loc[(1, "batchnorm"), "mode_gap"])
+    assert math.isnan(table.loc[(1, "groupnorm"), "mode_gap"]) and math.isnan(table.loc[(8, "batchnorm"), "mode_gap"])
+
+
+def test_the_report_ranks_and_names_who_beats_normprop(sweep):
+    cfg = config.load("normalizers", preset="smoke", overrides=["results_dir=" + str(sweep.parents[1])])
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert text.count("| rank | method |") == 2 and "At batch 1, " in text and "At batch 8, " in text
+    assert "training minus evaluation mode" in text
+    assert len(normalizers.headlines(cfg)) >= 2
+
+
+def test_method_grid_builds_every_method_from_the_registry():
+    cfg = config.load("normalizers", preset="quick")
+    ids = [e.id for e in cfg.grid]
+    assert len(ids) == len(METHODS) * 3 and len(set(ids)) == len(ids)
+    by_id = {e.id: e.set for e in cfg.grid}
+    assert by_id["normprop-arxiv-b10"]["model.jacobian"] == "init"
+    assert by_id["weightnorm-b1"]["model.data_init"] is True
+    assert by_id["none-b50"]["train.lr"] == pytest.approx(0.05 * 0.002)
+    assert by_id["groupnorm-b50"]["train.lr"] == pytest.approx(0.05)
+    with pytest.raises(UserError, match="experiment.methods: nope not known"):
+        config.load("normalizers", overrides=["experiment.methods=[nope]"])
+    with pytest.raises(UserError, match="one per batch size"):
+        config.load("normalizers", overrides=["experiment.lr=[0.1]"])
+
+
+def test_welch_reading_matches_the_interval():
+    diff, low, high = normalizers.welch([90.0, 91.0, 92.0], [80.0, 81.5, 82.0])
+    assert diff == pytest.approx(91.0 - 81.1666666) and 0 < low < diff < high
+    assert normalizers.reading(low, high) == "better"
+    assert normalizers.reading(-3.0, -1.0) == "worse" and normalizers.reading(-1.0, 2.0) == "indistinguishable"
+
+
+def test_mode_gap_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    net = NIN(num_classes=10, width=0.0625, norm="batchnorm")
+    net.train()
+    net(torch.randn(8, 3, 32, 32))  # running estimates away from (0, 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    x, y = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    rows = normalizers.ModeGap().observe(net, lambda: iter([(x, y)]), epoch=1)
+    assert set(rows[0]) == {"epoch", "eval_mode_acc", "train_mode_acc"}
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()) and net.training
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.activation=tanh", "model.norm=frn takes model.activation=relu, not tanh"),
+        ("model.data_init=true", None),  # frn with data_init: refused as well
+    ],
+)
+def test_impossible_method_options_are_one_line_errors(tmp_path, override, message):
+    args = ["run", "table1", "--preset", "smoke", "--quiet", "--results-dir", str(tmp_path / "r"),
+            "model.norm=frn", override, "grid=null"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (message or "data_init") in result.output
+    assert not (tmp_path / "r").exists()

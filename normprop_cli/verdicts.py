@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from normprop_cli import config, io
 from normprop_cli.engine.runs import CONFIG, read_manifest
 from normprop_cli.engine.summary import learned_flags
+from normprop_cli.experiments import activations
 from normprop_cli.experiments.curves import format_ci
 
 LEVEL = 0.95
@@ -50,7 +51,7 @@ class Claim:
     claim: str
     source: str
     experiment: str
-    kind: str | None  # superiority | non-inferiority; None: no rule yet (C8)
+    kind: str | None  # superiority | non-inferiority; None: no rule yet
     margin: float | None  # non-inferiority: how far below 0 the effect may lie, in `unit`
     unit: str
     metric: str
@@ -453,6 +454,40 @@ def c7_theory(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )
 
 
+def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
+    """Per seed, the smallest over the activations other than ReLU of (NormProp minus BatchNorm with that
+    activation) minus (NormProp minus BatchNorm with ReLU): what leaving ReLU costs NormProp, apart from
+    how it compares with BatchNorm on ReLU (C5). activations.paired_gaps and worst_per_seed read the
+    columns the runner writes."""
+    summary = read(sweep / "summary.csv", ["method", "activation", "seed", activations.ACCURACY])
+    runs = finished(summary, activations.ACCURACY)
+    gaps = activations.paired_gaps(runs)
+    worst = activations.worst_per_seed(gaps)
+    if not len(worst):
+        raise NotMeasured(
+            f"no seed with NormProp and BatchNorm runs of every activation, {activations.REFERENCE} included"
+        )
+    table = pd.DataFrame({"seed": worst["seed"], "normprop": worst["gap"], "baseline": worst["reference_gap"]})
+    names = [a for a in dict.fromkeys(gaps["activation"]) if a != activations.REFERENCE]
+    notes = [f"normprop / baseline = NormProp minus BatchNorm (pp) with the worst other activation / with "
+             f"{activations.REFERENCE}, per seed"]  # fmt: skip
+    for name, g in gaps.groupby("activation", sort=False):  # where the worst case comes from
+        mean, low, high = t_interval(g["gap"])
+        notes.append(f"{name}: NormProp minus BatchNorm {format_ci(mean, low, high)} pp over {len(g)} seeds")
+    counts = worst["activation"].value_counts()
+    notes.append("the worst activation: " + ", ".join(f"{a} for {plural(n, 'seed')}" for a, n in counts.items()))
+    dropped = gaps["seed"].nunique() - len(worst)
+    if dropped:
+        notes.append(f"{plural(dropped, 'seed')} without a pair for every activation left out")
+    return Measurement(
+        table,
+        one_sample(+1),
+        "one-sample t on per-seed worst differences",
+        {"activations": "/".join(names), "reference": activations.REFERENCE},
+        notes + learned_note(runs) + diverged_note(runs),
+    )
+
+
 MEASURES = {
     "C1": c1_data_norm,
     "C2": c2_covariate_shift,
@@ -461,6 +496,7 @@ MEASURES = {
     "C5": c5_table1,
     "C6": c6_timing,
     "C7": c7_theory,
+    "C8": c8_activations,
 }
 
 

@@ -20,6 +20,7 @@ from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
 from normprop_cli.engine.trainer import Observer, Progress, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn import ACTIVATIONS, JACOBIAN_MODES, NORMS
+from normprop_cli.nn.stats import PARAMETRIC
 
 LAUNCHERS = ("none", "local", "slurm")
 
@@ -57,7 +58,7 @@ def validate(spec: RunSpec) -> None:
         ("model.norm", tuple(NORMS)),
         ("train.data_norm", ("global", "batch")),
         ("model.jacobian", JACOBIAN_MODES),
-        ("model.activation", tuple(ACTIVATIONS)),
+        ("model.activation", (*ACTIVATIONS, *PARAMETRIC)),
         ("dataset.augment", AUGMENTATIONS),
     ):
         value = OmegaConf.select(spec.cfg, key)

@@ -17,6 +17,8 @@ RUNNERS = {
     "table1": "normprop_cli.experiments.table1",
     "timing": "normprop_cli.experiments.timing",
     "drift": "normprop_cli.experiments.drift",  # beyond the paper (SPEC §11)
+    "activations": "normprop_cli.experiments.activations",  # C8, section 4.6 (SPEC §11)
+    "normalizers": "normprop_cli.experiments.normalizers",  # beyond the paper (SPEC §11)
 }
 
 

@@ -214,6 +214,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     for ax in axes:
         ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
         ax.set_xlabel("batch size")
+    axes[0].set_ylim(-2, 102)  # a t interval of 3 seeds can pass 100; the axis stays on accuracies
     axes[0].set_ylabel("final test accuracy (%)")
     axes[0].set_title(curves.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
     axes[1].set_yscale("log")
@@ -254,8 +255,10 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         f"**Normalisers ({cfg.dataset.name}, {cfg.preset.name} preset, {int(cfg.train.epochs)} epochs).** Each "
         "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`). Differences "
         f"from {ref} are Welch 95% intervals over independent seeds: *better* or *worse* where the interval "
-        "excludes 0, else *indistinguishable*. Step times come from the runs (two one-thread workers side by "
-        "side), comparable within this table only; `normprop bench` times the methods in turn in one process."
+        "excludes 0, else *indistinguishable*. Every batch size trains the same epochs, so a batch of 50 takes "
+        "1/50 of the SGD updates of a batch of 1: compare methods within a batch size, not across. Step times "
+        f"come from the runs ({int(cfg.get('jobs') or 1)} one-thread worker processes side by side), comparable "
+        "within this table only; `normprop bench` times the methods in turn in one process."
     ]
     for bs, g in t.groupby("batch_size", sort=True):
         head = f"| rank | method | lr | final acc (%) [95% CI] | best-val acc (%) | vs {ref} (pp) | drift | ms/step |"

@@ -1,0 +1,400 @@
+"""Section 4.6: NormProp with other activations, each through its own constants (SPEC §11, claim C8).
+
+    normprop run activations [--preset quick|cpu|paper]
+
+NormProp and BatchNorm, each with ReLU, PReLU, tanh and sigmoid, on one protocol. A NormProp layer
+uses its activation's c2, c1 (eq. 12; Remark 2 for PReLU, at its current slope) and Jacobian factor
+(normprop_cli/nn/stats.py). Before training (epoch 0) and after every epoch, over the evaluation set,
+PopulationProbe (SPEC 6.1) measures the input of conv k = 2..9 in the standard units of the
+activation before it, (x - c2) / c1. On N(0, 1) pre-activations eq. 12 puts NormProp's first layer
+output at mean 0 and std 1, or, where the Jacobian factor f divides (ICML), at `first_layer_prediction`.
+
+epochs.csv       every run's metrics, one row per run and epoch, with its activation
+curves.csv       method, activation, epoch, n, mean, sd, ci_low, ci_high: test accuracy (%) over seeds
+population.csv   every run's population rows (probes.POPULATION_COLUMNS), with run, setting, method,
+                 seed, activation
+layer_stats.csv  LAYER_COLUMNS: per method, activation, layer and epoch, the mean over seeds of the
+                 layer's average |mean|, average std and average drift
+summary.csv      one row per run: engine columns + activation, final_test_acc, best_test_acc
+activations.png/.pdf  final test accuracy per activation, NormProp vs BatchNorm (95% CI over seeds);
+                 NormProp's per-layer average std and |mean| at initialisation and after training
+
+C8 (verdicts.c8_activations) reads summary.csv through `paired_gaps` and `worst_per_seed` below.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from omegaconf import DictConfig
+
+from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.experiments import curves
+from normprop_cli.experiments.probes import PopulationProbe
+from normprop_cli.nn import ACTIVATIONS, activation_stats
+from normprop_cli.nn.stats import quadrature_stats
+
+KEYS = ["method", "activation"]
+ACCURACY = "final_test_acc"  # the column C8 compares, in summary.csv
+LAYER_COLUMNS = ["method", "activation", "layer", "epoch", "n", "avg_abs_mean", "avg_std", "avg_drift"]
+GAP_COLUMNS = ["seed", "activation", "normprop", "batchnorm", "gap"]
+WORST_COLUMNS = [*GAP_COLUMNS, "reference_gap", "relative"]
+REFERENCE = "relu"  # C8 measures every other activation against NormProp's standing with ReLU
+ACTIVATION_LABELS = {"relu": "ReLU", "prelu": "PReLU", "tanh": "tanh", "sigmoid": "sigmoid"}
+ACTIVATION_COLORS = {"relu": "C0", "prelu": "C2", "tanh": "C3", "sigmoid": "C4"}
+NOT_IN_PAPER = "no experiment in the paper (section 4.6)"
+
+
+def first_layer_prediction(activation: str, jacobian: str = "divide") -> tuple[float, float]:
+    """Mean and std of NormProp's first layer output (the input of conv 2) at initialisation, in standard
+    units, when each unit's W_1 x / ||W_1|| is N(0, 1) (Prop. 1 with white, normalised input, 4.1):
+    (sigma(u / f) - c2) / c1 with u ~ N(0, 1) (eq. 12). f is the Jacobian factor where the layer divides
+    by it (section 3.4; "init" starts gamma at 1 / f, the same at initialisation), else 1. For PReLU,
+    the initial slope 0.25 (Remark 2)."""
+    s = activation_stats(activation)
+    f = float(s.jacobian_factor) if jacobian in ("divide", "init") else 1.0
+    if activation == "prelu":
+        fn, kinks = (lambda x: torch.nn.functional.leaky_relu(x, 0.25)), (0.0,)
+    else:
+        fn, kinks = ACTIVATIONS[activation].fn, ACTIVATIONS[activation].breakpoints
+    out = quadrature_stats(lambda x: fn(x / f), breakpoints=kinks)
+    c2, c1 = float(s.mean), float(s.std)
+    return (float(out.mean) - c2) / c1, float(out.std) / c1
+
+
+def activation_of(spec) -> dict:
+    return {"activation": spec.cfg.model.activation}
+
+
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
+    epochs = curves.gather(specs, columns={"activation": "model.activation"})
+    population = curves.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
+    curves.write(cfg, "population", population)
+    curves.write(cfg, "layer_stats", layer_stats(population))
+    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
+    plot(cfg)
+    return out
+
+
+def layer_stats(population: pd.DataFrame) -> pd.DataFrame:
+    """Per method, activation, layer and epoch: n seeds and the mean over them of the population's
+    average |mean|, average std and average drift (SPEC 6.1)."""
+    if not len(population):
+        return pd.DataFrame(columns=LAYER_COLUMNS)
+    table = (
+        population.groupby([*KEYS, "layer", "epoch"], sort=False)
+        .agg(
+            n=("seed", "nunique"),
+            avg_abs_mean=("avg_abs_mean", "mean"),
+            avg_std=("avg_std", "mean"),
+            avg_drift=("avg_drift", "mean"),
+        )
+        .reset_index()
+    )
+    return table[LAYER_COLUMNS].sort_values([*KEYS, "layer", "epoch"], kind="stable")
+
+
+# ---- C8: NormProp minus BatchNorm with the same activation, paired by seed -----------------------------
+
+
+def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
+    """GAP_COLUMNS: per seed and activation, the final test accuracy (%) of NormProp and of BatchNorm and
+    gap = NormProp minus BatchNorm; runs that ended (complete, or diverged with their last finite
+    metrics) only, and only the (seed, activation) pairs where both methods have one. `value`: another
+    accuracy column (epochs.csv's test_acc, one epoch's rows)."""
+    if not len(summary) or value not in summary:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    ended = summary["status"].isin(["complete", "diverged"]) if "status" in summary else True
+    runs = summary[ended & np.isfinite(pd.to_numeric(summary[value], errors="coerce"))]
+    wide = runs.pivot_table(index=["seed", "activation"], columns="method", values=value, aggfunc="mean")
+    if not {"normprop", "batchnorm"} <= set(wide.columns):
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    wide = wide[["normprop", "batchnorm"]].dropna().reset_index()
+    order = {a: i for i, a in enumerate(dict.fromkeys(summary["activation"]))}  # the grid's order
+    wide = wide.sort_values(["seed", "activation"], key=lambda c: c.map(order) if c.name == "activation" else c)
+    return wide.assign(gap=wide["normprop"] - wide["batchnorm"])[GAP_COLUMNS].reset_index(drop=True)
+
+
+def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
+    """WORST_COLUMNS: per seed that has a pair for every activation of `gaps`, the activation other than
+    `reference` whose gap (NormProp minus BatchNorm) falls furthest below the reference's gap of that
+    seed: relative = gap - reference_gap. So C8 asks what moving off ReLU costs NormProp against
+    BatchNorm, not C5's question of how the two compare with ReLU. Its mean over seeds is at most the
+    smallest of the activations' mean relative gaps (E[min] <= min E): a conservative effect."""
+    if not len(gaps) or reference not in set(gaps["activation"]):
+        return pd.DataFrame(columns=WORST_COLUMNS)
+    k = gaps["activation"].nunique()
+    g = gaps[gaps.groupby("seed")["activation"].transform("nunique") == k]
+    ref = g[g["activation"] == reference].set_index("seed")["gap"]
+    others = g[g["activation"] != reference].assign(reference_gap=lambda d: d["seed"].map(ref))
+    if not len(others):
+        return pd.DataFrame(columns=WORST_COLUMNS)
+    others = others.assign(relative=others["gap"] - others["reference_gap"])
+    return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
+
+
+# ---- figure ---------------------------------------------------------------------------------------------
+
+
+def plot(cfg: DictConfig) -> list[Path]:
+    """Left: final test accuracy per activation, NormProp vs BatchNorm, the mean over seeds with its 95%
+    interval and each seed as a dot. Middle and right: NormProp's average std and average |mean| of
+    every hidden layer's input, at initialisation (dashed) and after the last epoch (solid)."""
+    plt = curves.pyplot()
+    curve, summary = curves.read(cfg, "curves"), curves.read(cfg, "summary")
+    stats = curves.read(cfg, "layer_stats")
+    order = _activations(summary)
+    fig, (acc, std, mean) = plt.subplots(1, 3, figsize=(14.5, 4.4))
+    last = curves.last_epoch(curve, KEYS)
+    for method, dx in (("normprop", -0.15), ("batchnorm", 0.15)):
+        rows = last[last["method"] == method].set_index("activation").reindex(order)
+        x = np.arange(len(order)) + dx
+        y, low, high = (rows[c].to_numpy(dtype=float) for c in ("mean", "ci_low", "ci_high"))
+        color = curves.METHOD_COLORS[method]
+        yerr = np.nan_to_num(np.vstack([y - low, high - y]))
+        acc.errorbar(x, y, yerr=yerr, fmt="o", capsize=4, color=color, label=curves.method_label(method))
+        runs = summary[summary["method"] == method]
+        for i, activation in enumerate(order):
+            seeds = runs.loc[runs["activation"] == activation, ACCURACY]
+            acc.scatter(np.full(len(seeds), i + dx + 0.06), seeds, s=8, color=color, alpha=0.4, linewidths=0)
+    epoch = int(last["epoch"].max()) if len(last) else 0
+    low, high = acc.get_ylim()
+    acc.set_ylim(max(low, 0.0), min(high, 100.0))
+    acc.set_xticks(range(len(order)), [ACTIVATION_LABELS.get(a, a) for a in order])
+    acc.set_ylabel(f"final test accuracy (%), epoch {epoch}")
+    acc.set_title("NormProp vs BatchNorm, same activation (95% CI)", fontsize=9)
+    acc.legend(frameon=False, fontsize=8)
+    normprop = stats[stats["method"] == "normprop"]
+    for ax, quantity, ideal, label in (
+        (std, "avg_std", 1.0, "average std of the layer's input"),
+        (mean, "avg_abs_mean", 0.0, "average |mean| of the layer's input"),
+    ):
+        ax.axhline(ideal, color="0.6", linewidth=0.8, linestyle=":")
+        for activation in order:
+            g = normprop[normprop["activation"] == activation]
+            if not len(g):
+                continue
+            color = ACTIVATION_COLORS.get(activation)
+            for when, style in ((g["epoch"].min(), "--"), (g["epoch"].max(), "-")):
+                d = g[g["epoch"] == when].sort_values("layer")
+                ax.plot(d["layer"], d[quantity], linestyle=style, marker="o", markersize=3, color=color)
+            ax.plot([], [], color=color, label=ACTIVATION_LABELS.get(activation, activation))
+        ax.plot([], [], color="0.3", linestyle="--", label="initialisation")
+        ax.plot([], [], color="0.3", linestyle="-", label=f"after epoch {int(normprop['epoch'].max() or 0)}")
+        values = normprop[quantity].to_numpy(dtype=float)
+        if quantity == "avg_std" and len(values) and np.nanmax(values) > 10 * max(np.nanmin(values), 1e-3):
+            ax.set_yscale("log")  # trained layers may reach stds of 10 and more (drift)
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("layer (input of conv k)")
+        ax.set_ylabel(label + " (standard units)")
+        ax.set_title(f"NormProp: {label}", fontsize=9)
+        ax.legend(frameon=False, fontsize=7, ncol=2, loc="best")
+    fig.suptitle(curves.title(cfg, "Section 4.6: NormProp with each activation's own constants"), fontsize=10)
+    fig.tight_layout()
+    return curves.save(fig, cfg, "activations")
+
+
+def _activations(frame: pd.DataFrame) -> list[str]:
+    """The activations in the grid's order."""
+    return list(dict.fromkeys(frame["activation"])) if "activation" in frame else []
+
+
+# ---- the report -----------------------------------------------------------------------------------------
+
+
+def _name(activation: str) -> str:
+    return ACTIVATION_LABELS.get(activation, activation)
+
+
+def _ci(values, digits: int = 2) -> str:
+    ci = curves.mean_ci(values)
+    return curves.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+
+
+def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
+    """From layer_stats.csv: layer 2 at epoch 0, and the mean over layers 2..9 of the average std and
+    |mean| at epoch 0 and at the last epoch, with the range of the std over layers at epoch 0."""
+    g = stats[(stats["method"] == method) & (stats["activation"] == activation)]
+    if not len(g):
+        return None
+    first, last = g[g["epoch"] == g["epoch"].min()], g[g["epoch"] == g["epoch"].max()]
+    second = first[first["layer"] == first["layer"].min()].iloc[0]
+    return {
+        "layer": int(second["layer"]),
+        "std_first": second["avg_std"],
+        "mean_first": second["avg_abs_mean"],
+        "std0": first["avg_std"].mean(),
+        "std0_lo": first["avg_std"].min(),
+        "std0_hi": first["avg_std"].max(),
+        "mean0": first["avg_abs_mean"].mean(),
+        "std": last["avg_std"].mean(),
+        "mean": last["avg_abs_mean"].mean(),
+        "epoch": int(last["epoch"].iloc[0]),
+    }
+
+
+def headlines(cfg: DictConfig) -> list[dict]:
+    """Per activation: each method's final accuracy and NormProp minus BatchNorm paired by seed (95%
+    intervals over seeds); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
+    and after training; the worst activation per seed (C8's effect); the runs that did not learn."""
+    summary, curve = curves.read(cfg, "summary"), curves.read(cfg, "curves")
+    if ACCURACY not in summary:
+        return []
+    stats = curves.read(cfg, "layer_stats")
+    gaps, last = paired_gaps(summary), curves.last_epoch(curve, KEYS)
+    rows = []
+    for activation in _activations(summary):
+        for method in ("normprop", "batchnorm"):
+            c = last[(last["method"] == method) & (last["activation"] == activation)]
+            if len(c):
+                c = c.iloc[0]
+                rows.append(
+                    {
+                        "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
+                        f"{curves.method_label(method)}, {_name(activation)}",
+                        "reproduced": curves.format_ci(c["mean"], c["ci_low"], c["ci_high"]),
+                        "paper": "",
+                    }
+                )
+        g = gaps.loc[gaps["activation"] == activation, "gap"]
+        if len(g):
+            rows.append(
+                {
+                    "quantity": f"NormProp minus BatchNorm, {_name(activation)}: final test accuracy (pp), paired by "
+                    f"seed [95% CI, n = {len(g)}]",
+                    "reproduced": _ci(g),
+                    "paper": NOT_IN_PAPER,
+                }
+            )
+    jacobian = str(cfg.model.jacobian)
+    for activation in _activations(summary):
+        s = _layers(stats, "normprop", activation)
+        if not s:
+            continue
+        mean, std = first_layer_prediction(activation, jacobian)
+        rows += [
+            {
+                "quantity": f"NormProp, {_name(activation)}: average std and |mean| of the input of layer {s['layer']} "
+                "(the first layer's output) at initialisation, mean over seeds",
+                "reproduced": f"std {s['std_first']:.2f}, |mean| {s['mean_first']:.2f}",
+                "paper": f"std {std:.2f}, |mean| {abs(mean):.2f} (eq. 12, N(0, 1) pre-activation, f: {jacobian})",
+            },
+            {
+                "quantity": f"NormProp, {_name(activation)}: average std and |mean| of the inputs of layers 2-9 (mean "
+                f"over layers and seeds), at initialisation -> after epoch {s['epoch']}",
+                "reproduced": f"std {s['std0']:.2f} -> {s['std']:.2f}, |mean| {s['mean0']:.2f} -> {s['mean']:.2f}",
+                "paper": "",
+            },
+        ]
+    worst = worst_per_seed(gaps)
+    if len(worst):
+        rows.append(
+            {
+                "quantity": "C8's effect: per seed, the smallest over PReLU, tanh and sigmoid of (NormProp minus "
+                f"BatchNorm) minus that difference with ReLU (pp) [95% CI, n = {len(worst)}]",
+                "reproduced": _ci(worst["relative"]),
+                "paper": NOT_IN_PAPER,
+            }
+        )
+    return rows + curves.not_learned(cfg)
+
+
+def paragraphs(cfg: DictConfig) -> list[str]:
+    """The findings in sentences, every number read from layer_stats.csv and summary.csv."""
+    summary, stats = curves.read(cfg, "summary"), curves.read(cfg, "layer_stats")
+    order = _activations(summary)
+    normprop = {a: s for a in order if (s := _layers(stats, "normprop", a))}
+    bn = {a: s for a in order if (s := _layers(stats, "batchnorm", a))}
+    texts = []
+    if normprop:
+        jacobian = str(cfg.model.jacobian)
+        predicted = ", ".join(f"{first_layer_prediction(a, jacobian)[1]:.2f}" for a in normprop)
+        first = ", ".join(f"{_name(a)} {s['std_first']:.2f}" for a, s in normprop.items())
+        layers = "; ".join(
+            f"{_name(a)} {s['std0']:.2f} ({s['std0_lo']:.2f}-{s['std0_hi']:.2f}) and {s['mean0']:.2f}"
+            for a, s in normprop.items()
+        )
+        after = "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in normprop.items())
+        epoch = next(iter(normprop.values()))["epoch"]
+        text = (
+            "At initialisation, over the test set and in the standard units of each activation ((x - c2) / c1), "
+            f"the input of NormProp's layer 2 (its first layer's output) has an average std of {first}; eq. 12 with "
+            f"each activation's own constants and Jacobian factor (jacobian={jacobian}) predicts {predicted} for "
+            "N(0, 1) pre-activations, which Prop. 1 gives on white, normalised input. Over layers 2-9 the average "
+            f"std (range over layers) and the average |mean| are {layers}: pooling is not re-normalised (section "
+            f"3.2) and each layer's Jacobian factor divides again. After {epoch} epochs they are {after}."
+        )
+        if bn:
+            text += (
+                " BatchNorm's, read in the same units, are at initialisation (batch statistics) "
+                + "; ".join(f"{_name(a)} {s['std0']:.2f} and {s['mean0']:.2f}" for a, s in bn.items())
+                + ", and after training "
+                + "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in bn.items())
+                + "."
+            )
+        texts.append(text)
+    gaps = paired_gaps(summary)
+    worst = worst_per_seed(gaps)
+    if len(worst):
+        epochs = int(summary["epochs_done"].max()) if "epochs_done" in summary else 0
+        per = "; ".join(
+            f"{_name(a)} {g['normprop'].mean():.2f} vs {g['batchnorm'].mean():.2f} ({_ci(g['gap'])} pp)"
+            for a, g in gaps.groupby("activation", sort=False)
+        )
+        where = ", ".join(f"{_name(a)} in {n}" for a, n in worst["activation"].value_counts().items())
+        ci = curves.mean_ci(worst["relative"])
+        texts.append(
+            f"Final test accuracy (%) after {epochs} epochs, NormProp vs BatchNorm with the same activation, and "
+            f"the difference paired by seed with its 95% interval: {per}. With ReLU that difference is C5's "
+            "question; C8 asks what leaving ReLU costs NormProp beyond it: per seed, each other activation's "
+            "difference minus ReLU's, and of those the smallest "
+            f"({where} of {len(worst)} seeds): {curves.format_ci(ci['mean'], ci['ci_low'], ci['ci_high'])} pp, "
+            f"{_against_margin(ci, _c8_margin())}. That is C8's effect; its verdict, with the halves rule, is in "
+            "the table at the top."
+        )
+        trend = _effect_by_epoch(curves.read(cfg, "epochs"))
+        if len(trend) > 1:
+            texts[-1] += (
+                " The same effect after each epoch (mean over seeds): "
+                + ", ".join(f"epoch {e} {v:.2f}" for e, v in trend.items())
+                + " pp; the verdict reads the last."
+            )
+    return texts
+
+
+def _effect_by_epoch(epochs: pd.DataFrame) -> pd.Series:
+    """Per epoch, the mean over seeds of the worst activation's NormProp minus BatchNorm test accuracy."""
+    if not len(epochs) or "activation" not in epochs:
+        return pd.Series(dtype=float)
+    means = {
+        int(epoch): worst_per_seed(paired_gaps(g, "test_acc"))["relative"].mean()
+        for epoch, g in epochs.groupby("epoch", sort=True)
+    }
+    return pd.Series(means).dropna()
+
+
+def _c8_margin() -> float:
+    from normprop_cli import verdicts  # verdicts reads this module's columns; import it late
+
+    return float(next(c.margin for c in verdicts.claims() if c.id == "C8"))
+
+
+def _against_margin(ci: dict, margin: float) -> str:
+    """Where the interval lies against C8's non-inferiority margin (conf/claims.yaml), in words."""
+    low, high = ci["ci_low"], ci["ci_high"]
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no interval (fewer than 2 seeds)"
+    if low > -margin:
+        return f"the whole interval lies above -{margin:g} pp, C8's margin"
+    if high < -margin:
+        return f"the whole interval lies below -{margin:g} pp, C8's margin"
+    return f"the interval straddles -{margin:g} pp, C8's margin"

@@ -68,7 +68,7 @@ def test_method_grid_builds_every_method_from_the_registry():
     by_id = {e.id: e.set for e in cfg.grid}
     assert by_id["normprop-arxiv-b10"]["model.jacobian"] == "init"
     assert by_id["weightnorm-b1"]["model.data_init"] is True
-    assert by_id["none-b50"]["train.lr"] == pytest.approx(0.05 * 0.002)
+    assert by_id["none-b50"]["train.lr"] == pytest.approx(0.05 * 0.1)  # lr_scale
     assert by_id["groupnorm-b50"]["train.lr"] == pytest.approx(0.05)
     with pytest.raises(UserError, match="experiment.methods: nope not known"):
         config.load("normalizers", overrides=["experiment.methods=[nope]"])

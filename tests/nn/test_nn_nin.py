@@ -110,4 +110,4 @@ def test_register_norm_and_unknown_norm():
     finally:
         NORMS.pop("gelu-plain", None)
     with pytest.raises(ValueError, match="unknown norm"):
-        NIN(10, norm="layernorm")
+        NIN(10, norm="no-such-norm")

@@ -30,7 +30,10 @@ def test_gpu_check_without_a_gpu_is_one_line_exit_2_and_writes_nothing(cli, tmp_
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_gpu_check_runs_the_command():
     dry = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", "gpu-check"], cwd=ROOT, capture_output=True, text=True
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "gpu-check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert dry.returncode == 0 and dry.stdout.strip() == ".venv/bin/normprop gpu-check"
 

@@ -20,6 +20,7 @@ from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
 from normprop_cli.engine.trainer import Observer, Progress, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn import ACTIVATIONS, JACOBIAN_MODES, NORMS
+from normprop_cli.nn.nin import option_problem
 from normprop_cli.nn.stats import PARAMETRIC
 
 LAUNCHERS = ("none", "local", "slurm")
@@ -65,15 +66,9 @@ def validate(spec: RunSpec) -> None:
         if value not in known:
             raise UserError(f"{key}={value} is not known; use one of {', '.join(known)}")
     m = spec.cfg.model
-    takes = NORMS[m.norm].activations
-    if takes is not None and m.activation not in takes:
-        raise UserError(
-            f"run {name}: model.norm={m.norm} takes model.activation={' or '.join(takes)}, not {m.activation}"
-        )
-    if m.get("data_init") and m.norm != "weightnorm":
-        raise UserError(
-            f"run {name}: model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
-        )
+    problem = option_problem(m.norm, m.activation, bool(m.get("data_init")))
+    if problem:
+        raise UserError(f"run {name}: {problem}")
 
 
 def load_data(cfg: DictConfig, device):

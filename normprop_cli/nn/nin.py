@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from . import normalizers as nz
 from .layers import NormPropConv2d, NormPropLayer, fold
-from .normalizers import activation_module
+from .normalizers import activation_module, glorot_conv
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
 ARCHITECTURE = (
@@ -43,25 +43,16 @@ class Norm:
     activations: tuple[str, ...] | None = None  # the activations it takes; None: any
 
 
-def _glorot(conv: nn.Conv2d) -> nn.Conv2d:
-    """Section 4.2 initialisation for the baselines too, so only the normalisation differs."""
-    nn.init.xavier_uniform_(conv.weight)
-    if conv.bias is not None:
-        nn.init.zeros_(conv.bias)
-    return conv
-
-
 def _plain_conv(i, o, k, s, p, **_) -> nn.Module:
-    return _glorot(nn.Conv2d(i, o, k, s, p))
+    return glorot_conv(i, o, k, s, p)
 
 
 def _plain_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    return nn.Sequential(_plain_conv(i, o, k, s, p), activation_module(activation))
+    return nn.Sequential(glorot_conv(i, o, k, s, p), activation_module(activation))
 
 
 def _batchnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    conv = _glorot(nn.Conv2d(i, o, k, s, p, bias=False))
-    return nn.Sequential(conv, nn.BatchNorm2d(o), activation_module(activation))
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), nn.BatchNorm2d(o), activation_module(activation))
 
 
 def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", **_) -> nn.Module:
@@ -94,6 +85,16 @@ def register_norm(
     NORMS[name] = Norm(block, classifier, activations)
 
 
+def option_problem(norm: str, activation: str, data_init: bool = False) -> str | None:
+    """Why a known norm cannot be built with these options (in the config's keys), or None."""
+    takes = NORMS[norm].activations
+    if takes is not None and activation not in takes:
+        return f"model.norm={norm} takes model.activation={' or '.join(takes)}, not {activation}"
+    if data_init and norm != "weightnorm":
+        return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
+    return None
+
+
 class NIN(nn.Module):
     """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32]."""
 
@@ -112,10 +113,9 @@ class NIN(nn.Module):
         if norm not in NORMS:
             raise ValueError(f"unknown norm {norm!r}; known: {', '.join(sorted(NORMS))}")
         factories = NORMS[norm]
-        if factories.activations is not None and activation not in factories.activations:
-            raise ValueError(f"norm {norm!r} takes activation {' or '.join(factories.activations)}, not {activation!r}")
-        if data_init and norm != "weightnorm":
-            raise ValueError(f"data_init is weight normalisation's initialisation; norm {norm!r} has none")
+        problem = option_problem(norm, activation, data_init)
+        if problem:
+            raise ValueError(problem)
         options = {"activation": activation, "jacobian": jacobian, "width": width, "renorm": dict(renorm or {})}
         layers, channels, n_conv, n_pool = [], in_channels, 0, 0
         for kind, *spec in ARCHITECTURE:

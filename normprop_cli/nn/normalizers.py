@@ -201,9 +201,11 @@ def _is_weight_normed(conv: nn.Module) -> bool:
     return hasattr(conv, "parametrizations") and "weight" in conv.parametrizations
 
 
-def _conv(i, o, k, s, p, bias: bool) -> nn.Conv2d:
+def glorot_conv(i, o, k, s, p, bias: bool = True) -> nn.Conv2d:
+    """A conv with section 4.2's initialisation (Glorot weights, zero bias), as NormProp's: every
+    baseline starts from it, so that only the normalisation differs."""
     conv = nn.Conv2d(i, o, k, s, p, bias=bias)
-    nn.init.xavier_uniform_(conv.weight)  # section 4.2, as for the paper's baselines
+    nn.init.xavier_uniform_(conv.weight)
     if bias:
         nn.init.zeros_(conv.bias)
     return conv
@@ -211,14 +213,14 @@ def _conv(i, o, k, s, p, bias: bool) -> nn.Conv2d:
 
 def batchrenorm_block(i, o, k, s, p, activation="relu", renorm=None, **_) -> nn.Module:
     return nn.Sequential(
-        _conv(i, o, k, s, p, bias=False), BatchRenorm2d(o, **(renorm or {})), activation_module(activation)
+        glorot_conv(i, o, k, s, p, bias=False), BatchRenorm2d(o, **(renorm or {})), activation_module(activation)
     )
 
 
 def weightnorm_conv(i, o, k, s, p, **_) -> nn.Module:
     """w = g v / ||v||, with v drawn as the baselines' weights (section 4.2) and g = ||v||: the net starts
     as the unnormalised one, unless `weightnorm_data_init_` (the model's data_init) then rescales it."""
-    return weight_norm(_conv(i, o, k, s, p, bias=True), dim=0)
+    return weight_norm(glorot_conv(i, o, k, s, p, bias=True), dim=0)
 
 
 def weightnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
@@ -226,12 +228,12 @@ def weightnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
 
 
 def layernorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    return nn.Sequential(_conv(i, o, k, s, p, bias=False), nn.GroupNorm(1, o), activation_module(activation))
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), nn.GroupNorm(1, o), activation_module(activation))
 
 
 def groupnorm_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module:
     return nn.Sequential(
-        _conv(i, o, k, s, p, bias=False), nn.GroupNorm(groups_for(o, width), o), activation_module(activation)
+        glorot_conv(i, o, k, s, p, bias=False), nn.GroupNorm(groups_for(o, width), o), activation_module(activation)
     )
 
 
@@ -263,8 +265,4 @@ def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
         raise ValueError(
             f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"
         )
-    return nn.Sequential(_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))
-
-
-def plain_classifier(i, o, k, s, p, **_) -> nn.Module:
-    return _conv(i, o, k, s, p, bias=True)
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))

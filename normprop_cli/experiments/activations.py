@@ -358,7 +358,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             "question; C8 asks what leaving ReLU costs NormProp beyond it: per seed, each other activation's "
             "difference minus ReLU's, and of those the smallest "
             f"({where} of {len(worst)} seeds): {curves.format_ci(ci['mean'], ci['ci_low'], ci['ci_high'])} pp, "
-            f"{_against_margin(ci, _c8_margin())}. That is C8's effect; its verdict, with the halves rule, is in "
+            f"{_against_margin(ci)}. That is C8's effect; its verdict, with the halves rule, is in "
             "the table at the top."
         )
         trend = _effect_by_epoch(curves.read(cfg, "epochs"))
@@ -382,19 +382,18 @@ def _effect_by_epoch(epochs: pd.DataFrame) -> pd.Series:
     return pd.Series(means).dropna()
 
 
-def _c8_margin() -> float:
+def _against_margin(ci: dict) -> str:
+    """Where the interval lies against C8's non-inferiority margin, in words: verdicts.verdict's rule
+    with C8's kind and margin (conf/claims.yaml)."""
     from normprop_cli import verdicts  # verdicts reads this module's columns; import it late
 
-    return float(next(c.margin for c in verdicts.claims() if c.id == "C8"))
-
-
-def _against_margin(ci: dict, margin: float) -> str:
-    """Where the interval lies against C8's non-inferiority margin (conf/claims.yaml), in words."""
-    low, high = ci["ci_low"], ci["ci_high"]
+    claim = next(c for c in verdicts.claims() if c.id == "C8")
+    low, high, margin = ci["ci_low"], ci["ci_high"], float(claim.margin)
     if not (math.isfinite(low) and math.isfinite(high)):
         return "no interval (fewer than 2 seeds)"
-    if low > -margin:
-        return f"the whole interval lies above -{margin:g} pp, C8's margin"
-    if high < -margin:
-        return f"the whole interval lies below -{margin:g} pp, C8's margin"
+    side = {verdicts.REPRODUCED: "above", verdicts.NOT_REPRODUCED: "below"}.get(
+        verdicts.verdict(claim.kind, low, high, margin, ci["n"])
+    )
+    if side:
+        return f"the whole interval lies {side} -{margin:g} pp, C8's margin"
     return f"the interval straddles -{margin:g} pp, C8's margin"

@@ -92,7 +92,7 @@ def run_bench(
     raised before anything is timed or written.
     """
     from normprop_cli import config
-    from normprop_cli.engine.sweep import load_data
+    from normprop_cli.engine.job import load_data
 
     methods = choose_methods(methods)
     dev = devices.resolve(device)

@@ -17,7 +17,7 @@ from normprop_cli import config, io, verdicts
 from normprop_cli.engine.runs import CONFIG
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
-from normprop_cli.experiments.curves import format_ci
+from normprop_cli.experiments.results import format_ci
 from normprop_cli.verdicts import PAPER_DATASETS, provenance, result_dirs
 
 

@@ -13,15 +13,13 @@ from rich.console import Console
 from rich.table import Table
 
 from normprop_cli.engine import expand_grid, run_dir, sweep_dir
-from normprop_cli.engine.runs import read_manifest
+from normprop_cli.engine.runs import read_manifest, submitted
 
 STATE_STYLES = {"missing": "dim", "running": "yellow", "complete": "green", "diverged": "red"}
 
 
 def rows(cfg: DictConfig) -> list[dict]:
     """One row per run of the grid, in the grid's order."""
-    from normprop_cli.engine.launch import submitted
-
     jobs = submitted(cfg)
     out = []
     for spec in expand_grid(cfg):

@@ -24,9 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import config, io
 from normprop_cli.engine.runs import CONFIG, read_manifest
-from normprop_cli.engine.summary import learned_flags
 from normprop_cli.experiments import activations
-from normprop_cli.experiments.curves import format_ci
+from normprop_cli.experiments.results import format_ci, learned_flags
 
 LEVEL = 0.95
 RESAMPLES = 9_999  # bootstrap resamples (C3)

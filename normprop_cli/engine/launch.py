@@ -19,7 +19,6 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import submitit
 import torch
@@ -30,7 +29,7 @@ from normprop_cli import device as devices
 from normprop_cli import io
 from normprop_cli.engine import parallel
 from normprop_cli.engine.progress import QuietProgress
-from normprop_cli.engine.runs import RunSpec
+from normprop_cli.engine.runs import RunSpec, record_path, submitit_folder, submitted
 from normprop_cli.errors import UserError
 
 # sacct states of a job that SLURM may still run
@@ -48,22 +47,6 @@ class RunTask(submitit.helpers.Checkpointable):
         return parallel.train_in_worker(run, self.device, self.threads, self.observers)
 
 
-def folder(cfg: DictConfig) -> Path:
-    return Path(cfg.results_dir) / ".submitit"
-
-
-def record_path(cfg: DictConfig) -> Path:
-    return folder(cfg) / f"{cfg.experiment.name}-{cfg.dataset.name}.json"
-
-
-def submitted(cfg: DictConfig) -> dict[str, str]:
-    """{run: SLURM job id} of the sweep's last submissions."""
-    try:
-        return io.read_json(record_path(cfg))
-    except (OSError, ValueError):
-        return {}
-
-
 def status_command(cfg: DictConfig) -> str:
     words = ["normprop", "status", cfg.experiment.name, "--dataset", cfg.dataset.name, "--preset", cfg.preset.name]
     if str(cfg.results_dir) != "results":
@@ -75,7 +58,7 @@ def status_command(cfg: DictConfig) -> str:
 def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers, progress: QuietProgress) -> None:
     """One LocalExecutor job per run, `jobs` at a time, each on its slot's device; wait for all."""
     slots = min(int(cfg.jobs), len(todo))
-    executor = submitit.LocalExecutor(folder=folder(cfg))
+    executor = submitit.LocalExecutor(folder=submitit_folder(cfg))
     gpus = _visible_gpus()
     executor.update_parameters(timeout_min=int(cfg.launcher.timeout_min), gpus_per_node=len(gpus), visible_gpus=gpus)
     threads, device = parallel.worker_threads(slots), devices.for_workers(cfg.device, slots)
@@ -104,7 +87,7 @@ def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Obse
         _cancel(running)
         raise
     if lost:
-        why = f"{len(lost)} job(s) stopped before their run finished (logs in {folder(cfg)})"
+        why = f"{len(lost)} job(s) stopped before their run finished (logs in {submitit_folder(cfg)})"
         parallel.stop_unfinished(lost, why, 1)
 
 
@@ -121,7 +104,8 @@ def submit_slurm(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.O
             raise UserError(f"sbatch refused the job array: {_first_line(str(exc))}") from None
         record |= {s.name: job.job_id for s, job in zip(submit, jobs, strict=True)}
         io.write_json(record_path(cfg), record)
-        print(f"submitted {len(submit)} run(s) as SLURM job {jobs[0].job_id.split('_')[0]} (logs in {folder(cfg)})")
+        array = jobs[0].job_id.split("_")[0]
+        print(f"submitted {len(submit)} run(s) as SLURM job {array} (logs in {submitit_folder(cfg)})")
     if len(submit) < len(todo):
         ids = ", ".join(sorted({j.split("_")[0] for j in busy}))
         print(f"{len(todo) - len(submit)} run(s) still queued or running in SLURM job(s) {ids}: not submitted again")
@@ -133,7 +117,7 @@ def submit_slurm(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.O
 def _slurm_executor(cfg: DictConfig) -> submitit.SlurmExecutor:
     launcher = cfg.launcher
     try:
-        executor = submitit.SlurmExecutor(folder=folder(cfg), max_num_timeout=int(launcher.max_requeues))
+        executor = submitit.SlurmExecutor(folder=submitit_folder(cfg), max_num_timeout=int(launcher.max_requeues))
     except RuntimeError:  # no srun on PATH
         raise UserError(
             "--launcher slurm needs SLURM (srun and sbatch on PATH): run it on the cluster's "
@@ -163,7 +147,7 @@ def _slurm_executor(cfg: DictConfig) -> submitit.SlurmExecutor:
 
 def _active(job_ids: set[str], cfg: DictConfig) -> set[str]:
     """The jobs among `job_ids` that SLURM still has queued or running (submitit asks sacct)."""
-    jobs = [submitit.SlurmJob(folder=folder(cfg), job_id=j) for j in sorted(job_ids)]
+    jobs = [submitit.SlurmJob(folder=submitit_folder(cfg), job_id=j) for j in sorted(job_ids)]
     return {j.job_id for j in jobs if j.state.split(" ")[0].upper() in ACTIVE}
 
 

@@ -65,7 +65,7 @@ def train_in_worker(
     run: dict, device: str | None, threads: int | None, observers: Observers
 ) -> tuple[dict, dict | None]:
     """Train one run (a `plain` config) in this process; return its manifest and last epoch's row."""
-    from normprop_cli.engine.sweep import load_data, train_one
+    from normprop_cli.engine.job import load_data, train_one
 
     if threads:
         torch.set_num_threads(threads)

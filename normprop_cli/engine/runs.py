@@ -67,6 +67,23 @@ def expand_grid(cfg: DictConfig) -> list[RunSpec]:
     return specs
 
 
+def submitit_folder(cfg: DictConfig) -> Path:
+    """<results_dir>/.submitit/: submitit's files, and which job each run was submitted as."""
+    return Path(cfg.results_dir) / ".submitit"
+
+
+def record_path(cfg: DictConfig) -> Path:
+    return submitit_folder(cfg) / f"{cfg.experiment.name}-{cfg.dataset.name}.json"
+
+
+def submitted(cfg: DictConfig) -> dict[str, str]:
+    """{run: SLURM job id} of the sweep's last submissions."""
+    try:
+        return io.read_json(record_path(cfg))
+    except (OSError, ValueError):
+        return {}
+
+
 @lru_cache(maxsize=1)
 def commit() -> str:
     try:

@@ -34,7 +34,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 from normprop_cli.experiments.probes import PopulationProbe
 from normprop_cli.nn import ACTIVATIONS, activation_stats
 from normprop_cli.nn.stats import quadrature_stats
@@ -74,11 +74,11 @@ def activation_of(spec) -> dict:
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
-    epochs = curves.gather(specs, columns={"activation": "model.activation"})
-    population = curves.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
-    curves.write(cfg, "population", population)
-    curves.write(cfg, "layer_stats", layer_stats(population))
-    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
+    epochs = results.gather(specs, columns={"activation": "model.activation"})
+    population = results.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
+    results.write(cfg, "population", population)
+    results.write(cfg, "layer_stats", layer_stats(population))
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
     plot(cfg)
     return out
 
@@ -147,19 +147,19 @@ def plot(cfg: DictConfig) -> list[Path]:
     """Left: final test accuracy per activation, NormProp vs BatchNorm, the mean over seeds with its 95%
     interval and each seed as a dot. Middle and right: NormProp's average std and average |mean| of
     every hidden layer's input, at initialisation (dashed) and after the last epoch (solid)."""
-    plt = curves.pyplot()
-    curve, summary = curves.read(cfg, "curves"), curves.read(cfg, "summary")
-    stats = curves.read(cfg, "layer_stats")
+    plt = results.pyplot()
+    curve, summary = results.read(cfg, "curves"), results.read(cfg, "summary")
+    stats = results.read(cfg, "layer_stats")
     order = _activations(summary)
     fig, (acc, std, mean) = plt.subplots(1, 3, figsize=(14.5, 4.4))
-    last = curves.last_epoch(curve, KEYS)
+    last = results.last_epoch(curve, KEYS)
     for method, dx in (("normprop", -0.15), ("batchnorm", 0.15)):
         rows = last[last["method"] == method].set_index("activation").reindex(order)
         x = np.arange(len(order)) + dx
         y, low, high = (rows[c].to_numpy(dtype=float) for c in ("mean", "ci_low", "ci_high"))
-        color = curves.METHOD_COLORS[method]
+        color = results.METHOD_COLORS[method]
         yerr = np.nan_to_num(np.vstack([y - low, high - y]))
-        acc.errorbar(x, y, yerr=yerr, fmt="o", capsize=4, color=color, label=curves.method_label(method))
+        acc.errorbar(x, y, yerr=yerr, fmt="o", capsize=4, color=color, label=results.method_label(method))
         runs = summary[summary["method"] == method]
         for i, activation in enumerate(order):
             seeds = runs.loc[runs["activation"] == activation, ACCURACY]
@@ -198,9 +198,9 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_ylabel(label + " (standard units)")
         ax.set_title(f"NormProp: {label}", fontsize=9)
         ax.legend(frameon=False, fontsize=7, ncol=2, loc="best")
-    fig.suptitle(curves.title(cfg, "Section 4.6: NormProp with each activation's own constants"), fontsize=10)
+    fig.suptitle(results.title(cfg, "Section 4.6: NormProp with each activation's own constants"), fontsize=10)
     fig.tight_layout()
-    return curves.save(fig, cfg, "activations")
+    return results.save(fig, cfg, "activations")
 
 
 def _activations(frame: pd.DataFrame) -> list[str]:
@@ -216,8 +216,8 @@ def _name(activation: str) -> str:
 
 
 def _ci(values, digits: int = 2) -> str:
-    ci = curves.mean_ci(values)
-    return curves.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+    ci = results.mean_ci(values)
+    return results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
 
 
 def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
@@ -246,11 +246,11 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """Per activation: each method's final accuracy and NormProp minus BatchNorm paired by seed (95%
     intervals over seeds); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
     and after training; the worst activation per seed (C8's effect); the runs that did not learn."""
-    summary, curve = curves.read(cfg, "summary"), curves.read(cfg, "curves")
+    summary, curve = results.read(cfg, "summary"), results.read(cfg, "curves")
     if ACCURACY not in summary:
         return []
-    stats = curves.read(cfg, "layer_stats")
-    gaps, last = paired_gaps(summary), curves.last_epoch(curve, KEYS)
+    stats = results.read(cfg, "layer_stats")
+    gaps, last = paired_gaps(summary), results.last_epoch(curve, KEYS)
     rows = []
     for activation in _activations(summary):
         for method in ("normprop", "batchnorm"):
@@ -260,8 +260,8 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 rows.append(
                     {
                         "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
-                        f"{curves.method_label(method)}, {_name(activation)}",
-                        "reproduced": curves.format_ci(c["mean"], c["ci_low"], c["ci_high"]),
+                        f"{results.method_label(method)}, {_name(activation)}",
+                        "reproduced": results.format_ci(c["mean"], c["ci_low"], c["ci_high"]),
                         "paper": "",
                     }
                 )
@@ -305,12 +305,12 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": NOT_IN_PAPER,
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The findings in sentences, every number read from layer_stats.csv and summary.csv."""
-    summary, stats = curves.read(cfg, "summary"), curves.read(cfg, "layer_stats")
+    summary, stats = results.read(cfg, "summary"), results.read(cfg, "layer_stats")
     order = _activations(summary)
     normprop = {a: s for a in order if (s := _layers(stats, "normprop", a))}
     bn = {a: s for a in order if (s := _layers(stats, "batchnorm", a))}
@@ -351,17 +351,17 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             for a, g in gaps.groupby("activation", sort=False)
         )
         where = ", ".join(f"{_name(a)} in {n}" for a, n in worst["activation"].value_counts().items())
-        ci = curves.mean_ci(worst["relative"])
+        ci = results.mean_ci(worst["relative"])
         texts.append(
             f"Final test accuracy (%) after {epochs} epochs, NormProp vs BatchNorm with the same activation, and "
             f"the difference paired by seed with its 95% interval: {per}. With ReLU that difference is C5's "
             "question; C8 asks what leaving ReLU costs NormProp beyond it: per seed, each other activation's "
             "difference minus ReLU's, and of those the smallest "
-            f"({where} of {len(worst)} seeds): {curves.format_ci(ci['mean'], ci['ci_low'], ci['ci_high'])} pp, "
+            f"({where} of {len(worst)} seeds): {results.format_ci(ci['mean'], ci['ci_low'], ci['ci_high'])} pp, "
             f"{_against_margin(ci)}. That is C8's effect; its verdict, with the halves rule, is in "
             "the table at the top."
         )
-        trend = _effect_by_epoch(curves.read(cfg, "epochs"))
+        trend = _effect_by_epoch(results.read(cfg, "epochs"))
         if len(trend) > 1:
             texts[-1] += (
                 " The same effect after each epoch (mean over seeds): "

@@ -23,10 +23,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import learned_flags
 from normprop_cli.engine.trainer import steps_per_epoch
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
+from normprop_cli.experiments.results import learned_flags
 
 KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
 BN_NOTE = "the paper: BN not applicable"
@@ -34,14 +34,14 @@ BN_NOTE = "the paper: BN not applicable"
 
 def label(method: str, batch_size: int, lr: float) -> str:
     note = f" ({BN_NOTE})" if method == "batchnorm" and int(batch_size) == 1 else ""
-    return f"{curves.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{note}"
+    return f"{results.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{note}"
 
 
 def run(cfg: DictConfig) -> Path:
     cfg = with_rates(cfg, choose_rates(cfg))
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = curves.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
+    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
     per_epoch = {
         spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
     }
@@ -59,7 +59,7 @@ def run(cfg: DictConfig) -> Path:
                 "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
                 "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
 
-    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
     plot(cfg)
     return out
 
@@ -73,21 +73,21 @@ def updates_per_epoch(manifest: dict | None, cfg: DictConfig) -> int:
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 4: one curve per batch size (NormProp solid; BN at batch 1 dashed, grey), against epochs
     (the paper's axis) and against SGD updates (a batch of 1 takes 50 times the steps of a batch of 50)."""
-    plt = curves.pyplot()
-    curve = curves.read(cfg, "curves")
+    plt = results.pyplot()
+    curve = results.read(cfg, "curves")
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, method, batch_size, _, text), c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
+    for ((_, method, batch_size, _, text), c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
         if method == "normprop":
             style = {"color": f"C{normprop_sizes.index(batch_size)}"}
         else:
             style = {"color": "0.4", "linestyle": "--", "marker": "x"}
-        curves.plot_curve(axes[0], c, text, dodge=dodge, **style)
+        results.plot_curve(axes[0], c, text, dodge=dodge, **style)
         if "updates" in c:
-            curves.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
-    curves.accuracy_axes(axes[0], cfg, "Fig. 4: batch size, NormProp (global data norm), 95% CI")
+            results.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
+    results.accuracy_axes(axes[0], cfg, "Fig. 4: batch size, NormProp (global data norm), 95% CI")
     axes[0].title.set_fontsize(9)
     axes[1].set_ylim(axes[0].get_ylim())  # accuracy in [0, 100], as on the left
     axes[1].set_xscale("log")
@@ -95,22 +95,22 @@ def plot(cfg: DictConfig) -> list[Path]:
     axes[1].set_ylabel("test accuracy (%)")
     axes[1].set_title("the same runs against the number of SGD updates", fontsize=10)
     fig.subplots_adjust(bottom=0.3, wspace=0.25)
-    return curves.save(fig, cfg, "batch_size")
+    return results.save(fig, cfg, "batch_size")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final mean accuracy with its 95% interval per batch size, at its chosen learning rate; the
     trend the paper describes."""
-    curve = curves.read(cfg, "curves")
-    summary = curves.read(cfg, "summary")
-    last = curves.last_epoch(curve, KEYS)
+    curve = results.read(cfg, "curves")
+    summary = results.read(cfg, "summary")
+    last = results.last_epoch(curve, KEYS)
     rows = []
     for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
         runs = summary[summary["setting"] == r["setting"]]
         if len(runs) and learned_flags(runs).eq(False).all():
             text = f"did not learn ({r['mean']:.2f}, within 5 points of chance)"
         else:
-            text = curves.format_ci(r["mean"], r["ci_low"], r["ci_high"])
+            text = results.format_ci(r["mean"], r["ci_low"], r["ci_high"])
         updates = f", {int(r['updates'])} updates" if "updates" in r else ""
         rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
                                  f"{updates}, {r['label']}",
@@ -126,4 +126,4 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": f"{cfg.experiment.paper_claim} (CIFAR-10)",
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 
 KEYS = ["method"]
 
@@ -23,28 +23,28 @@ KEYS = ["method"]
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = curves.gather(specs)
-    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
+    epochs = results.gather(specs)
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
     plot(cfg)
     return out
 
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 3: test accuracy, mean over seeds with 95% caps, per method."""
-    plt = curves.pyplot()
-    curve = curves.read(cfg, "curves")
+    plt = results.pyplot()
+    curve = results.read(cfg, "curves")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    groups = sorted(curve.groupby("method", sort=False), key=lambda g: curves.method_rank(g[0]))
-    for (method, c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
-        curves.plot_curve(
+    groups = sorted(curve.groupby("method", sort=False), key=lambda g: results.method_rank(g[0]))
+    for (method, c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
+        results.plot_curve(
             ax,
             c,
-            f"{curves.method_label(method)} (n = {int(c['n'].max())} seeds)",
+            f"{results.method_label(method)} (n = {int(c['n'].max())} seeds)",
             dodge=dodge,
-            color=curves.METHOD_COLORS.get(method),
+            color=results.METHOD_COLORS.get(method),
         )
-    curves.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
-    return curves.save(fig, cfg, "convergence")
+    results.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
+    return results.save(fig, cfg, "convergence")
 
 
 def early_half_width(c, epochs: int) -> float:
@@ -55,17 +55,17 @@ def early_half_width(c, epochs: int) -> float:
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final accuracy with its 95% interval, and the spread over seeds in the stated early window."""
-    curve = curves.read(cfg, "curves")
+    curve = results.read(cfg, "curves")
     window = int(cfg.experiment.early_epochs)
     paper = f"{cfg.experiment.paper_claim} (CIFAR-10)"
     rows = []
     for method, c in curve.groupby("method", sort=False):
-        last = curves.last_epoch(c, KEYS).iloc[0]
+        last = results.last_epoch(c, KEYS).iloc[0]
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
-                f"{int(last['epoch'])}, {curves.method_label(method)}",
-                "reproduced": curves.format_ci(last["mean"], last["ci_low"], last["ci_high"]),
+                f"{int(last['epoch'])}, {results.method_label(method)}",
+                "reproduced": results.format_ci(last["mean"], last["ci_low"], last["ci_high"]),
                 "paper": "",
             }
         )
@@ -73,9 +73,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rows.append(
             {
                 "quantity": f"mean 95% CI half-width of test accuracy (pp) over epochs 1-{window} "
-                f"(n = {int(c['n'].max())} seeds), {curves.method_label(method)}",
+                f"(n = {int(c['n'].max())} seeds), {results.method_label(method)}",
                 "reproduced": round(early_half_width(c, window), 2),
                 "paper": paper if method == "normprop" else "",
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)

@@ -31,10 +31,10 @@ from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.engine.summary import learned_flags, run_row, write_summary
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
+from normprop_cli.experiments.results import learned_flags, run_row, write_summary
 
 RUN = ["run", "setting", "method", "seed"]
 SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
@@ -74,7 +74,7 @@ def paper_metric(stats: pd.DataFrame) -> pd.DataFrame:
 
 def final_population(population: pd.DataFrame, run: str) -> dict:
     """A run's population metric at its last epoch, the mean over layers."""
-    p = curves.of_run(population, run)
+    p = results.of_run(population, run)
     if not len(p):
         return {}
     last = p[p["epoch"] == p["epoch"].max()]
@@ -88,17 +88,17 @@ def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     draws = int(cfg.experiment.probe_draws)
     manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
-    stats = curves.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
+    stats = results.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
     _refuse_stale(cfg, stats)
-    population = curves.gather(specs, PopulationProbe.name)
+    population = results.gather(specs, PopulationProbe.name)
     band = float(cfg.experiment.band)
     probes, settled = paper_metric(stats), settling(stats, band)
     for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
-        curves.write(cfg, name, table)
+        results.write(cfg, name, table)
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
         row = run_row(spec, manifest) | {"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
-        p, s = curves.of_run(probes, spec.name), curves.of_run(settled, spec.name)
+        p, s = results.of_run(probes, spec.name), results.of_run(settled, spec.name)
         if len(p):
             row |= {
                 "avg_abs_final_mean": p["avg_abs_final_mean"].mean(),
@@ -132,8 +132,8 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     """Fig. 2: one panel per hidden layer 2..9; per method, every probed unit of the first seed as a
     thin line and their mean in bold. The unnormalised net, "incomparable due to extreme
     variations", has its own axis on the right."""
-    plt = curves.pyplot()
-    stats = curves.read(cfg, "unit_stats")
+    plt = results.pyplot()
+    stats = results.read(cfg, "unit_stats")
     first_seed = stats["seed"].min()
     stats = stats[stats["seed"] == first_seed]
     layers = sorted(stats["layer"].unique())
@@ -156,22 +156,22 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     fig.suptitle(
-        curves.title(
+        results.title(
             cfg,
             f"Fig. 2: mean over the test set of {draws} probed units' inputs per layer "
             f"(thin: each unit, bold: their mean), seed {first_seed}",
         ),
         fontsize=10,
     )
-    return curves.save(fig, cfg, "covariate_shift")
+    return results.save(fig, cfg, "covariate_shift")
 
 
 def plot_population(cfg: DictConfig) -> list[Path]:
     """SPEC 6.1: per layer 2..9, over all input-dependent units, the average |mean| (top) and the
     average drift from initialisation in initial stds (bottom) vs epoch, mean over seeds. The drift
     has no scale, so every method shares its axis; the unnormalised net's |mean| has its own."""
-    plt = curves.pyplot()
-    population = curves.read(cfg, "population")
+    plt = results.pyplot()
+    population = results.read(cfg, "population")
     layers = sorted(population["layer"].unique())
     fig, axes = plt.subplots(2, len(layers), figsize=(2.1 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
     handles, twins = {}, {}
@@ -182,7 +182,7 @@ def plot_population(cfg: DictConfig) -> list[Path]:
                 target = _axis(axes[row, col], method, twins) if quantity == "avg_abs_mean" else axes[row, col]
                 (line,) = target.plot(mean.index, mean[quantity], marker="o", markersize=2, **_style(method))
             handles.setdefault(
-                curves.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
+                results.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
             )
         axes[0, col].set_title(f"layer {layer}", fontsize=8)
     axes[0, 0].set_ylabel("average |mean|")
@@ -190,25 +190,25 @@ def plot_population(cfg: DictConfig) -> list[Path]:
     _finish(fig, axes, twins, handles)
     seeds = population["seed"].nunique()
     fig.suptitle(
-        curves.title(
+        results.title(
             cfg, f"Population metric (SPEC 6.1): all input-dependent units per layer, mean over {seeds} seed(s)"
         ),
         fontsize=10,
     )
-    return curves.save(fig, cfg, "population")
+    return results.save(fig, cfg, "population")
 
 
 def _by_method(frame: pd.DataFrame):
-    return sorted(frame.groupby("method", sort=False), key=lambda mg: curves.method_rank(mg[0]))
+    return sorted(frame.groupby("method", sort=False), key=lambda mg: results.method_rank(mg[0]))
 
 
 def _style(method: str) -> dict:
-    return {"color": curves.METHOD_COLORS.get(method, "C2"), "linestyle": "--" if method == "none" else "-"}
+    return {"color": results.METHOD_COLORS.get(method, "C2"), "linestyle": "--" if method == "none" else "-"}
 
 
 def _label(method: str, g: pd.DataFrame) -> str:
     where = " (right axis)" if method == "none" else ""
-    return f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}"
+    return f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}"
 
 
 def _axis(ax, method: str, twins: dict):
@@ -227,7 +227,7 @@ def _finish(fig, axes, twins: dict, handles: dict) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _readable(ax)
     for right in twins.values():
-        right.tick_params(axis="y", colors=curves.METHOD_COLORS["none"], labelsize=7)
+        right.tick_params(axis="y", colors=results.METHOD_COLORS["none"], labelsize=7)
         _readable(right)
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
@@ -249,17 +249,17 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """Per method that learned: the paper's metric (mean and 95% interval over seeds of each seed's
     average over draws, and the spread over draws), the population metric and the settling epoch;
     one row per method whose runs did not learn (SPEC 6.1: kept out of the headlines)."""
-    summary = curves.read(cfg, "summary")
+    summary = results.read(cfg, "summary")
     if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
     learned = learned_flags(summary).eq(True)
     kept = summary[learned]
-    settled = curves.read(cfg, "settling")
+    settled = results.read(cfg, "settling")
     settled = settled[settled["run"].isin(kept["run"])]
     rows = []
     for method, g in _by_method(kept):
         label, draws, spread = (
-            curves.method_label(method),
+            results.method_label(method),
             int(g["probe_draws"].max()),
             g["avg_abs_final_mean_sd"].mean(),
         )
@@ -278,7 +278,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         epochs, moving = int(g["final_epoch"].max()), int((~per_draw["settled"]).sum())
         quantity = (
             f"epoch after which every layer's probed mean stays within +-{band:g} of its final value "
-            f"(median over {len(per_draw)} run-draws), {curves.method_label(method)}"
+            f"(median over {len(per_draw)} run-draws), {results.method_label(method)}"
         )
         reproduced = f"{per_draw['epoch'].median():g} of {epochs}; {moving} of {len(per_draw)} still moving"
         paper = _paper(cfg, cfg.experiment.paper_settled.get(method, ""))
@@ -287,7 +287,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         if method not in set(kept["method"]):
             accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
             quantity = (
-                f"{curves.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
+                f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
                 "within 5 points of chance); kept out of the rows above"
             )
             rows.append({"quantity": quantity, "reproduced": f"final test accuracy {accuracy:.1f}%", "paper": ""})
@@ -295,9 +295,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
 
 
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
-    """The mean over seeds with its 95% Student-t interval (curves.mean_ci)."""
-    ci = curves.mean_ci(values)
-    reproduced = curves.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], 3)
+    """The mean over seeds with its 95% Student-t interval (results.mean_ci)."""
+    ci = results.mean_ci(values)
+    reproduced = results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], 3)
     over = f"95% interval over {ci['n']} seeds" if ci["n"] > 1 else f"{ci['n']} seed, no interval"
     return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
 

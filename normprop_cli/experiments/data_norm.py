@@ -17,8 +17,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import run_row, write_summary
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
+from normprop_cli.experiments.results import run_row, write_summary
 
 KEYS = ["setting", "data_norm", "batch_size", "initial_lr"]
 COLUMNS = {
@@ -31,9 +31,9 @@ COLUMNS = {
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = curves.gather(specs, columns=COLUMNS)
-    curves.write(cfg, "epochs", epochs)
-    curves.write(cfg, "curves", curves.curves(epochs, KEYS))
+    epochs = results.gather(specs, columns=COLUMNS)
+    results.write(cfg, "epochs", epochs)
+    results.write(cfg, "curves", results.curves(epochs, KEYS))
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
         t = spec.cfg.train
@@ -42,7 +42,7 @@ def run(cfg: DictConfig) -> Path:
             "batch_size": t.batch_size,
             "initial_lr": t.lr,
         }
-        m = curves.of_run(epochs, spec.name)
+        m = results.of_run(epochs, spec.name)
         if len(m):
             best = m.loc[m["test_acc"].idxmax()]
             row |= {
@@ -62,13 +62,13 @@ def label(data_norm: str, batch_size: int, lr: float) -> str:
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 1: test accuracy (mean over seeds, 95% caps) vs epoch for each setting."""
-    plt = curves.pyplot()
-    curve = curves.read(cfg, "curves")
+    plt = results.pyplot()
+    curve = results.read(cfg, "curves")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     sizes = sorted(curve["batch_size"].unique())
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, data_norm, batch_size, lr), c), dodge in zip(groups, curves.dodges(len(groups)), strict=True):
-        curves.plot_curve(
+    for ((_, data_norm, batch_size, lr), c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
+        results.plot_curve(
             ax,
             c,
             label(data_norm, batch_size, lr),
@@ -79,14 +79,14 @@ def plot(cfg: DictConfig) -> list[Path]:
         )
     paper = cfg.experiment.paper_best_test_acc
     ax.axhline(paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)")
-    curves.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
-    return curves.save(fig, cfg, "data_norm")
+    results.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
+    return results.save(fig, cfg, "data_norm")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final and best test accuracy per setting (mean over seeds with its 95% interval), and the best
     setting, beside the paper's 90.35% (CIFAR-10)."""
-    summary = curves.read(cfg, "summary")
+    summary = results.read(cfg, "summary")
     if "best_test_acc" not in summary:
         return []
     paper_setting = tuple(cfg.experiment.paper_best_setting.values())
@@ -97,17 +97,17 @@ def headlines(cfg: DictConfig) -> list[dict]:
         {
             "quantity": "best test accuracy (%, max over epochs, mean over seeds) and its setting",
             "reproduced": f"{top:.2f} ({label(top_norm, top_bs, top_lr)})",
-            "paper": curves.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
+            "paper": results.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
         }
     ]
     for (data_norm, batch_size, lr), g in summary.groupby(KEYS[1:], sort=True):
-        final = curves.mean_ci(g["final_test_acc"])
+        final = results.mean_ci(g["final_test_acc"])
         paper = paper_best if (data_norm, batch_size, lr) == paper_setting else ""
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {final['n']}], {label(data_norm, batch_size, lr)}",
-                "reproduced": curves.format_ci(final["mean"], final["ci_low"], final["ci_high"]),
-                "paper": curves.paper_value(cfg, f"{paper} (best)" if paper else ""),
+                "reproduced": results.format_ci(final["mean"], final["ci_low"], final["ci_high"]),
+                "paper": results.paper_value(cfg, f"{paper} (best)" if paper else ""),
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)

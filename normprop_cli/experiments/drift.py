@@ -37,10 +37,10 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import learned_flags
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 from normprop_cli.experiments.covariate_shift import final_population
 from normprop_cli.experiments.probes import Batches, PopulationProbe, batch_statistics_at_init, each_layer_input
+from normprop_cli.experiments.results import learned_flags
 from normprop_cli.nn.dependence import conv_of
 
 SPREAD_COLUMNS = [
@@ -231,21 +231,21 @@ def run(cfg: DictConfig) -> Path:
     positions, images = int(cfg.experiment.patch_positions), int(cfg.experiment.patch_images)
     manifests = run_sweep(cfg, specs, observers=lambda spec: [SpreadProbe(positions, images), PopulationProbe()])
     width = {"width": "model.width"}
-    spread = curves.gather(specs, SpreadProbe.name, width)
-    population = curves.gather(specs, PopulationProbe.name, width)
-    curves.write(cfg, "spread", spread)
-    curves.write(cfg, "population", population)
+    spread = results.gather(specs, SpreadProbe.name, width)
+    population = results.gather(specs, PopulationProbe.name, width)
+    results.write(cfg, "spread", spread)
+    results.write(cfg, "population", population)
 
     def columns(spec) -> dict:
-        s = curves.of_run(spread, spec.name)
+        s = results.of_run(spread, spec.name)
         final = {"final_mean_ratio": s.loc[s["epoch"] == s["epoch"].max(), "ratio"].mean()} if len(s) else {}
         p = final_population(population, spec.name)
         if p:
-            last = curves.of_run(population, spec.name)
+            last = results.of_run(population, spec.name)
             p["final_population_std"] = last.loc[last["epoch"] == last["epoch"].max(), "avg_std"].mean()
         return {"width": spec.cfg.model.width} | final | p
 
-    out = curves.write_curves_and_summary(cfg, specs, manifests, curves.gather(specs), ["setting"], columns)
+    out = results.write_curves_and_summary(cfg, specs, manifests, results.gather(specs), ["setting"], columns)
     plot(cfg)
     return out
 
@@ -255,7 +255,7 @@ def run(cfg: DictConfig) -> Path:
 
 def _learned(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
     """The rows of runs that learned (SPEC 6.1: the others stay in the CSVs, out of the headlines)."""
-    summary = curves.read(cfg, "summary")
+    summary = results.read(cfg, "summary")
     if "learned" not in summary or not len(table):
         return table
     kept = summary.loc[learned_flags(summary).eq(True), "run"]
@@ -267,13 +267,13 @@ def _groups(table: pd.DataFrame):
     if not len(table):
         return []
     groups = table.groupby(GROUP, sort=False)
-    return sorted(groups, key=lambda g: (curves.method_rank(g[0][0]), g[0][1]))
+    return sorted(groups, key=lambda g: (results.method_rank(g[0][0]), g[0][1]))
 
 
 def _label(key, g: pd.DataFrame) -> str:
     method, width = key
     seeds = g["seed"].nunique()
-    return f"{curves.method_label(method)}, width {width:g} ({seeds} seed{'s' if seeds > 1 else ''})"
+    return f"{results.method_label(method)}, width {width:g} ({seeds} seed{'s' if seeds > 1 else ''})"
 
 
 def _by_epoch(g: pd.DataFrame, column: str, layers=None) -> pd.Series:
@@ -290,8 +290,8 @@ def plot(cfg: DictConfig) -> list[Path]:
     layers 1..9), one line per (method, width). Means over seeds."""
     from matplotlib.ticker import MaxNLocator
 
-    plt = curves.pyplot()
-    spread, population = curves.read(cfg, "spread"), curves.read(cfg, "population")
+    plt = results.pyplot()
+    spread, population = results.read(cfg, "spread"), results.read(cfg, "population")
     groups = _groups(spread)
     ncol = max(3, len(groups))
     fig, axes = plt.subplots(3, ncol, figsize=(3.6 * ncol, 9.4), squeeze=False)
@@ -322,7 +322,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     narrow = spread["width"].min()
     for ax, (table, column, what) in zip(axes[2], bottom, strict=False):
         for key, g in _groups(table):
-            style = {"color": curves.METHOD_COLORS.get(key[0], "C2"), "linestyle": "--" if key[1] > narrow else "-"}
+            style = {"color": results.METHOD_COLORS.get(key[0], "C2"), "linestyle": "--" if key[1] > narrow else "-"}
             ax.plot(*_xy(_by_epoch(g, column)), marker="o", markersize=2, label=_label(key, g), **style)
         ax.set_ylabel(what, fontsize=7)
     axes[2, 0].legend(fontsize=6, frameon=False)
@@ -332,10 +332,10 @@ def plot(cfg: DictConfig) -> list[Path]:
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
     fig.suptitle(
-        curves.title(cfg, "Drift (SPEC §11): Prop. 1's premise over training, per conv layer's input"), fontsize=10
+        results.title(cfg, "Drift (SPEC §11): Prop. 1's premise over training, per conv layer's input"), fontsize=10
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return curves.save(fig, cfg, "drift")
+    return results.save(fig, cfg, "drift")
 
 
 def _xy(series: pd.Series):
@@ -347,19 +347,19 @@ def _at(g: pd.DataFrame, column: str, epoch: int, layers=None) -> dict:
     g = g[g["epoch"] == epoch]
     if layers is not None:
         g = g[g["layer"].isin(layers)]
-    return curves.mean_ci(g.groupby("seed")[column].mean())
+    return results.mean_ci(g.groupby("seed")[column].mean())
 
 
 def _fmt(ci: dict, digits: int = 2) -> str:
-    return curves.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+    return results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Per (method, width): the ratio at initialisation and at the final epoch (mean over layers,
     and in layers 4 and 7), the rows' mean |cos| and mutual coherence, the input's top-eigenvector
     fraction, and the population's average |mean|, std and drift; mean [95% CI] over seeds."""
-    spread = _learned(cfg, curves.read(cfg, "spread"))
-    population = _learned(cfg, curves.read(cfg, "population"))
+    spread = _learned(cfg, results.read(cfg, "spread"))
+    population = _learned(cfg, results.read(cfg, "population"))
     rows = []
     for key, g in _groups(spread):
         label, last = _label(key, g), int(g["epoch"].max())
@@ -391,7 +391,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         ):
             rows.append(_row(f"layer inputs' {what} at epoch {last}, all units, mean over layers 2-9, {label}",
                              _fmt(_at(g, column, last), 3), paper))  # fmt: skip
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)
 
 
 def _row(quantity: str, reproduced, paper="") -> dict:
@@ -437,7 +437,7 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The finding in sentences, every number read from spread.csv and population.csv (runs that
     learned only): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
-    s = _summary(_learned(cfg, curves.read(cfg, "spread")), _learned(cfg, curves.read(cfg, "population")))
+    s = _summary(_learned(cfg, results.read(cfg, "spread")), _learned(cfg, results.read(cfg, "population")))
     if not s:
         return []
     narrow = min(width for _, width in s)

@@ -11,7 +11,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 
 SWEEP = ["setting", "method", "batch_size", "lr", "seed", "epochs", "val_acc", "val_loss", "chosen"]
 
@@ -39,10 +39,10 @@ def choose_rates(cfg: DictConfig, method: Callable[[DictConfig], str] = lambda c
     grid, owner = sweep_grid(cfg)
     specs = expand_grid(grid)
     run_sweep(grid, specs)
-    epochs = curves.gather(specs, columns={"batch_size": "train.batch_size", "lr": "train.lr"})
+    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "lr": "train.lr"})
     rows = []
     for spec in specs:
-        m = curves.of_run(epochs, spec.name)
+        m = results.of_run(epochs, spec.name)
         last = m.iloc[-1] if len(m) else {"val_acc": float("nan"), "val_loss": float("nan"), "epoch": 0}
         t = spec.cfg.train
         rows.append({"setting": owner[spec.setting], "method": method(spec.cfg), "batch_size": int(t.batch_size),
@@ -52,7 +52,7 @@ def choose_rates(cfg: DictConfig, method: Callable[[DictConfig], str] = lambda c
     best = table.sort_values(["val_acc", "val_loss"], ascending=[False, True], kind="stable")
     winners = set(best.groupby("setting", sort=False).head(1).index)
     table["chosen"] = [i in winners for i in table.index]
-    curves.write(cfg, "lr_sweep", table)
+    results.write(cfg, "lr_sweep", table)
     return table
 
 

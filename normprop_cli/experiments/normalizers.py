@@ -33,11 +33,11 @@ import torch
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import learned_flags
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 from normprop_cli.experiments.batch_size import updates_per_epoch
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe
+from normprop_cli.experiments.results import learned_flags
 from normprop_cli.nn.methods import BATCH_STATISTICS, method_of
 
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
@@ -104,29 +104,29 @@ def run(cfg: DictConfig) -> Path:
     manifests = run_sweep(cfg, specs, observers=observers)
     steps = {spec.name: updates_per_epoch(m, spec.cfg) for spec, m in zip(specs, manifests, strict=True)}
     cols = {"normalizer": "model.norm", "batch_size": "train.batch_size", "initial_lr": "train.lr"}
-    epochs = curves.gather(specs, columns=cols)
+    epochs = results.gather(specs, columns=cols)
     if len(epochs):
         epochs["normalizer"] = epochs["run"].map({s.name: method_of(s.cfg.model) for s in specs})
         epochs["step_ms"] = 1000.0 * epochs["train_seconds"] / epochs["run"].map(steps).clip(lower=1)
-    population = curves.gather(specs, PopulationProbe.name)
-    gaps = curves.gather(specs, ModeGap.name)
-    curves.write(cfg, "population", population)
-    curves.write(cfg, "mode_gap", gaps)
+    population = results.gather(specs, PopulationProbe.name)
+    gaps = results.gather(specs, ModeGap.name)
+    results.write(cfg, "population", population)
+    results.write(cfg, "mode_gap", gaps)
 
     def columns(spec):
-        runs = curves.of_run(epochs, spec.name)
+        runs = results.of_run(epochs, spec.name)
         m = method_of(spec.cfg.model)
         row = {"normalizer": m, "batch_size": int(spec.cfg.train.batch_size), "initial_lr": float(spec.cfg.train.lr),
                "step_ms": runs["step_ms"].median() if len(runs) else math.nan,
-               "drift": final_drift(curves.of_run(population, spec.name)),
+               "drift": final_drift(results.of_run(population, spec.name)),
                "best_val_test_acc": best_val_test_acc(runs)}  # fmt: skip
-        gap = curves.of_run(gaps, spec.name)
+        gap = results.of_run(gaps, spec.name)
         if len(gap):
             row |= {"train_mode_acc": gap["train_mode_acc"].iloc[-1], "eval_mode_acc": gap["eval_mode_acc"].iloc[-1]}
         return row
 
-    out = curves.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
-    curves.write(cfg, "normalizers", table(cfg, curves.read(cfg, "summary")))
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
+    results.write(cfg, "normalizers", table(cfg, results.read(cfg, "summary")))
     plot(cfg)
     return out
 
@@ -155,7 +155,7 @@ def welch(a, b) -> tuple[float, float, float]:
         return diff, math.nan, math.nan
     with warnings.catch_warnings():  # near-identical accuracies: scipy warns of precision, the interval stands
         warnings.simplefilter("ignore", RuntimeWarning)
-        ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(curves.LEVEL)
+        ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(results.LEVEL)
     return diff, float(ci.low), float(ci.high)
 
 
@@ -172,9 +172,9 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     for bs, at in summary.groupby("batch_size", sort=True):
         ref = at.loc[at["normalizer"] == reference, "final_test_acc"]
         for method, g in at.groupby("normalizer", sort=False):
-            final, best = curves.mean_ci(g["final_test_acc"]), curves.mean_ci(g["best_val_test_acc"])
-            drift = curves.mean_ci(g["drift"])
-            gap = curves.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
+            final, best = results.mean_ci(g["final_test_acc"]), results.mean_ci(g["best_val_test_acc"])
+            drift = results.mean_ci(g["drift"])
+            gap = results.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
             diff = welch(g["final_test_acc"], ref) if method != reference and len(ref) else (math.nan,) * 3
             rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(g["initial_lr"].iloc[0]),
                          "n": final["n"], "learned": int(learned_flags(g).sum()),
@@ -194,8 +194,8 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Final test accuracy against batch size per method (95% intervals), and seconds per step."""
-    plt = curves.pyplot()
-    t = curves.read(cfg, "normalizers")
+    plt = results.pyplot()
+    t = results.read(cfg, "normalizers")
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     methods = list(dict.fromkeys(cfg.experiment.methods))
     sizes = sorted(t["batch_size"].unique())
@@ -216,18 +216,18 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_xlabel("batch size")
     axes[0].set_ylim(-2, 102)  # a t interval of 3 seeds can pass 100; the axis stays on accuracies
     axes[0].set_ylabel("final test accuracy (%)")
-    axes[0].set_title(curves.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
+    axes[0].set_title(results.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("ms per SGD step (median; parallel workers)")
     axes[1].set_title("step time in the runs (bench times them side by side)", fontsize=10)
     axes[0].legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
-    return curves.save(fig, cfg, "normalizers")
+    return results.save(fig, cfg, "normalizers")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Per batch size: the best method, and where the reference (NormProp) ranks."""
-    t = curves.read(cfg, "normalizers")
+    t = results.read(cfg, "normalizers")
     reference = cfg.experiment.get("reference", "normprop-icml")
     rows = []
     for bs, g in t.groupby("batch_size", sort=True):
@@ -236,19 +236,19 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rank = f"; {label(reference)} ranks {int(ref['rank'].iloc[0])} of {len(g)}" if len(ref) else ""
         rows.append({"quantity": f"batch {int(bs)}: best final test accuracy (%) [95% CI, n = {int(top['n'])}]",
                      "reproduced": f"{label(top['normalizer'])} {_ci(top, 'final')}{rank}", "paper": ""})  # fmt: skip
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)
 
 
 def _ci(row, prefix: str) -> str:
     key = {"final": ("final_acc", "final_low", "final_high"), "best": ("best_val_acc", "best_val_low", "best_val_high"),
            "diff": ("diff_vs_reference", "diff_low", "diff_high"), "drift": ("drift", "drift_low", "drift_high"),
            "gap": ("mode_gap", "mode_gap_low", "mode_gap_high")}[prefix]  # fmt: skip
-    return curves.format_ci(*(float(row[k]) for k in key))
+    return results.format_ci(*(float(row[k]) for k in key))
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
     """A ranked table per batch size, then which methods beat the reference where, with intervals."""
-    t = curves.read(cfg, "normalizers")
+    t = results.read(cfg, "normalizers")
     reference = cfg.experiment.get("reference", "normprop-icml")
     ref = label(reference)
     out = [

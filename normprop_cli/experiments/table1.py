@@ -9,8 +9,8 @@ from omegaconf import DictConfig
 
 from normprop_cli import io
 from normprop_cli.engine import expand_grid, run_sweep, sweep_dir
-from normprop_cli.engine.summary import read_csv, run_row, write_summary
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
+from normprop_cli.experiments.results import read_csv, run_row, write_summary
 
 PAPER = ("cifar10", "cifar100", "svhn")  # the data sets of the paper's Table 1
 
@@ -37,16 +37,16 @@ def headlines(cfg: DictConfig) -> list[dict]:
     rows = []
     for (method, augment), g in summary.groupby(["method", "augment"], sort=False):
         done = g[g["status"] == "complete"]
-        e = curves.mean_ci(done["final_test_error"])
+        e = results.mean_ci(done["final_test_error"])
         paper = g["paper_test_error"].iloc[0]
         rows.append(
             {
                 "quantity": f"final test error % [95% CI, n = {e['n']}] ({method}, augmentation {augment})",
-                "reproduced": curves.format_ci(e["mean"], e["ci_low"], e["ci_high"]) if len(done) else "diverged",
-                "paper": curves.paper_value(cfg, paper, cfg.dataset.name if cfg.dataset.name in PAPER else "cifar10"),
+                "reproduced": results.format_ci(e["mean"], e["ci_low"], e["ci_high"]) if len(done) else "diverged",
+                "paper": results.paper_value(cfg, paper, cfg.dataset.name if cfg.dataset.name in PAPER else "cifar10"),
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)
 
 
 def plot(cfg: DictConfig) -> list[Path]:

@@ -29,7 +29,7 @@ from scipy.optimize import minimize
 from torch import nn
 
 from normprop_cli import io
-from normprop_cli.engine.summary import read_csv
+from normprop_cli.experiments.results import read_csv
 from normprop_cli.nn import (
     ACTIVATIONS,
     NIN,

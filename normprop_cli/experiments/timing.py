@@ -20,8 +20,8 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.summary import run_row, write_summary
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
+from normprop_cli.experiments.results import run_row, write_summary
 
 COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
            "images_per_second", "ratio_vs_batchnorm", "ratio_vs_none", "paper_seconds",
@@ -58,7 +58,7 @@ def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict) -> pd.DataFrame
     for base in ("batchnorm", "none"):
         table[f"ratio_vs_{base}"] = table["median_epoch_seconds"] / seconds.get(base, math.nan)
     table["paper_ratio_vs_batchnorm"] = table["paper_seconds"] / paper.get("batchnorm", math.nan)
-    table = table.sort_values("method", key=lambda s: s.map(curves.method_rank))
+    table = table.sort_values("method", key=lambda s: s.map(results.method_rank))
     return table[COLUMNS]
 
 
@@ -70,22 +70,22 @@ def run(cfg: DictConfig) -> Path:
     # of a seed alike, instead of all the runs of one method (C6 pairs the methods by seed).
     specs = sorted(expand_grid(cfg), key=lambda spec: spec.seed)
     manifests = run_sweep(cfg, specs)
-    epochs = curves.gather(specs)
+    epochs = results.gather(specs)
     if len(epochs):
         where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
         epochs["device"] = epochs["run"].map(lambda r: where[r].get("device_name", where[r].get("device")))
         epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
-    curves.write(cfg, "epochs", epochs)
+    results.write(cfg, "epochs", epochs)
     warmup = int(cfg.experiment.warmup_epochs)
     paper = dict(cfg.experiment.paper_seconds)
-    curves.write(cfg, "timing", timing_table(epochs, warmup, paper))
+    results.write(cfg, "timing", timing_table(epochs, warmup, paper))
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
         row = run_row(spec, manifest) | {
             "initial_lr": spec.cfg.train.lr,
             "batch_size": spec.cfg.train.batch_size,
         }
-        m = curves.of_run(epochs, spec.name)
+        m = results.of_run(epochs, spec.name)
         if len(m):
             t = timed(m, warmup)
             row |= {
@@ -102,18 +102,18 @@ def run(cfg: DictConfig) -> Path:
 def paired_bars(ax, table: pd.DataFrame, mine: str, paper: str, mine_label: str, paper_label: str) -> None:
     """Per method, the reproduced value (left, the method's colour) beside the paper's (right, hatched)."""
     x = range(len(table))
-    colors = [curves.METHOD_COLORS.get(m, "C2") for m in table["method"]]
+    colors = [results.METHOD_COLORS.get(m, "C2") for m in table["method"]]
     ax.bar([i - 0.2 for i in x], table[mine], width=0.4, color=colors, label=mine_label)
     ax.bar([i + 0.2 for i in x], table[paper], width=0.4, color="0.8", hatch="//", label=paper_label)
 
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Seconds per training epoch (reproduced beside the paper's), and each method relative to BN"""
-    plt = curves.pyplot()
-    table = curves.read(cfg, "timing")
+    plt = results.pyplot()
+    table = results.read(cfg, "timing")
     fig, (ax, rel) = plt.subplots(1, 2, figsize=(9.0, 3.6))
     x = range(len(table))
-    names = [curves.method_label(m) for m in table["method"]]
+    names = [results.method_label(m) for m in table["method"]]
     device = ", ".join(table["device"].astype(str).unique())
     paired_bars(ax, table, "median_epoch_seconds", "paper_seconds", f"reproduced ({device})",
                 "paper (GTX Titan X, CIFAR-10)")  # fmt: skip
@@ -132,15 +132,15 @@ def plot(cfg: DictConfig) -> list[Path]:
     rel.set_xticks(list(x), names)
     rel.set_ylabel("epoch time / BatchNorm's")
     rel.legend(frameon=False, fontsize=7)
-    fig.suptitle(curves.title(cfg, "Section 5.6: training speed"), fontsize=10)
+    fig.suptitle(results.title(cfg, "Section 5.6: training speed"), fontsize=10)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.88, wspace=0.3)
-    return curves.save(fig, cfg, "timing")
+    return results.save(fig, cfg, "timing")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Seconds per epoch of NormProp and BN, and their ratio, beside the paper's 84, 96, 0.875: a GPU's
     seconds on CIFAR-10, labelled not comparable unless this sweep ran on CUDA with CIFAR-10."""
-    table = curves.read(cfg, "timing").set_index("method")
+    table = results.read(cfg, "timing").set_index("method")
     comparable = cfg.dataset.name == "cifar10" and table["device"].astype(str).str.startswith("cuda").all()
     note = "" if comparable else f" (GTX Titan X, CIFAR-10; not comparable with {cfg.dataset.name} on this device)"
     rows = []
@@ -149,7 +149,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rows.append(
             {
                 "quantity": f"seconds per training epoch (median of {int(r['epochs_timed'])} epochs over "
-                f"{int(r['runs'])} run(s)), {curves.method_label(method)}, {r['device']}",
+                f"{int(r['runs'])} run(s)), {results.method_label(method)}, {r['device']}",
                 "reproduced": round(float(r["median_epoch_seconds"]), 3),
                 "paper": f"{paper:g}{note}" if math.isfinite(paper) else "",
             }
@@ -162,4 +162,4 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": f"{table.loc['normprop', 'paper_ratio_vs_batchnorm']:.3f}{note}",
             }
         )
-    return rows + curves.not_learned(cfg)
+    return rows + results.not_learned(cfg)

@@ -122,7 +122,7 @@ def test_every_method_steps_side_by_side(tmp_path):
 def test_a_method_steps_with_its_model_options():
     """norm and NormProp's jacobian from METHODS; the unit-norm constraint for NormProp alone."""
     from normprop_cli import config
-    from normprop_cli.engine.sweep import load_data
+    from normprop_cli.engine.job import load_data
     from normprop_cli.nn.layers import NormPropLayer
 
     cpu = torch.device("cpu")

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from normprop_cli import config
-from normprop_cli.experiments import convergence, curves
+from normprop_cli.experiments import convergence
+from normprop_cli.experiments.results import mean_ci
 
 SMOKE = ["--preset", "smoke", "--quiet"]
 
@@ -23,7 +24,7 @@ def test_curves_hold_mean_and_interval_over_the_seeds(results):
     epochs = pd.read_csv(sweep / "epochs.csv")
     for _, row in c.iterrows():
         values = epochs[(epochs["method"] == row["method"]) & (epochs["epoch"] == row["epoch"])]["test_acc"]
-        expected = curves.mean_ci(values)
+        expected = mean_ci(values)
         assert row["mean"] == pytest.approx(expected["mean"])
         assert row["ci_low"] == pytest.approx(expected["ci_low"])
         assert row["ci_low"] <= row["mean"] <= row["ci_high"]

@@ -6,24 +6,24 @@ import pandas as pd
 import pytest
 
 from normprop_cli import config
-from normprop_cli.experiments import curves
+from normprop_cli.experiments import results
 
 TRAINING = ["data-norm", "covariate-shift", "convergence", "batch-size", "timing"]
 
 
 def test_interval_of_a_known_sample():
     # [1, 2, 3]: mean 2, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321 = 2.484
-    ci = curves.mean_ci([1.0, 2.0, 3.0])
+    ci = results.mean_ci([1.0, 2.0, 3.0])
     assert ci["n"] == 3 and ci["mean"] == 2.0 and ci["sd"] == 1.0
     assert ci["ci_high"] - 2.0 == pytest.approx(2.484, abs=5e-4)
     assert 2.0 - ci["ci_low"] == pytest.approx(2.484, abs=5e-4)
 
 
 def test_one_seed_has_no_interval_and_nonfinite_values_are_left_out():
-    one = curves.mean_ci([5.0])
+    one = results.mean_ci([5.0])
     assert one["n"] == 1 and one["mean"] == 5.0
     assert math.isnan(one["ci_low"]) and math.isnan(one["ci_high"])
-    assert curves.mean_ci([1.0, float("nan"), 3.0])["n"] == 2
+    assert results.mean_ci([1.0, float("nan"), 3.0])["n"] == 2
 
 
 def test_curves_are_per_setting_and_epoch():
@@ -34,7 +34,7 @@ def test_curves_are_per_setting_and_epoch():
             "test_acc": [1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 7.0, 8.0],
         }
     )
-    c = curves.curves(epochs, ["method"]).set_index(["method", "epoch"])
+    c = results.curves(epochs, ["method"]).set_index(["method", "epoch"])
     assert list(c.columns) == ["n", "mean", "sd", "ci_low", "ci_high"]
     assert c.loc[("a", 1), "mean"] == 2.0 and c.loc[("a", 1), "n"] == 3
     assert c.loc[("a", 2), "ci_low"] == c.loc[("a", 2), "ci_high"] == 4.0  # no spread, no width

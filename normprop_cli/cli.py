@@ -146,6 +146,34 @@ def status(
     show(compose(experiment, preset, dataset, overrides, results_dir=results_dir))
 
 
+@app.command("config", context_settings={"allow_interspersed_args": True})
+@user_errors
+def config_(
+    experiment: Annotated[str, typer.Argument(help="An experiment from `normprop list`.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Hydra overrides, e.g. train.epochs=5.")] = None,
+    dataset: Dataset = None,
+    preset: Preset = None,
+    seeds: Annotated[int | None, typer.Option(help="Seeds per setting.")] = None,
+    results_dir: ResultsDir = None,
+) -> None:
+    """Print the composed config of every run of the grid, as `normprop run` would train it; train nothing."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli.engine import expand_grid
+
+    if seeds is not None and seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    cfg = compose(experiment, preset, dataset, overrides, seeds=seeds, results_dir=results_dir)
+    specs = expand_grid(cfg)
+    sweep = cfg.experiment.get("lr_sweep")
+    for spec in specs:
+        typer.echo(f"# run {spec.name}")
+        if sweep is not None:
+            typer.echo("# train.lr: the centre of the validation sweep; the sweep chooses the rate (lr_sweep.csv)")
+        typer.echo(OmegaConf.to_yaml(spec.cfg))
+    typer.echo(f"# {len(specs)} run(s) of {experiment} on {cfg.dataset.name}, {cfg.preset.name} preset")
+
+
 @app.command()
 @user_errors
 def plot(

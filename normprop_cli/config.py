@@ -9,7 +9,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normprop_cli.errors import UserError
 
@@ -55,7 +57,9 @@ def load(
     """Compose the config of one experiment: root, experiment, preset, options, overrides.
 
     `settings` are the command's options (seeds=3, device='cpu', ...); None means not given.
-    Trailing `overrides` win over everything, as on Hydra's own command line.
+    Trailing `overrides` win over everything, as on Hydra's own command line; each is checked
+    against the type of the value it replaces, and one that sets a key of the experiment's grid
+    is applied to every run of the grid (HONOURED) or refused (`grid_overrides`).
     """
     check_choice("experiment", experiment)
     given = [f"experiment={experiment}"]
@@ -66,11 +70,21 @@ def load(
     for key, value in settings.items():
         if value is not None:
             given.append(f"{key}={_override_value(value)}")
-    given += list(overrides)
+    user = _parse(list(overrides))
+    cfg = _compose(given + list(overrides))
+    if user:
+        check_types(_compose(given), cfg, user)
+    if cfg.experiment.get("methods") is not None and not cfg.get("grid"):
+        cfg.grid = method_grid(cfg.experiment)
+    grid_overrides(cfg, user)
+    return cfg
+
+
+def _compose(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=given)
+            cfg = compose(config_name="config", overrides=overrides)
     except Exception as exc:  # Hydra's parse, missing-key and composition errors
         raise UserError(
             f"bad override ({_first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
@@ -78,9 +92,80 @@ def load(
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)
-    if cfg.experiment.get("methods") is not None and not cfg.get("grid"):
-        cfg.grid = method_grid(cfg.experiment)
     return cfg
+
+
+def _parse(overrides: list[str]) -> list[Override]:
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise UserError(
+            f"bad override ({_first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
+        ) from None
+
+
+KINDS = {bool: "true or false", int: "a whole number", float: "a number", list: "a list, e.g. [a,b]",
+         dict: "a mapping, e.g. {a: 1}"}  # fmt: skip
+
+
+def check_types(defaults: DictConfig, cfg: DictConfig, user: list[Override]) -> None:
+    """An override's value must have the kind of the value it replaces (a number where a number
+    belongs, ...): a wrong one is a one-line error here, not a traceback in a runner."""
+    for o in user:
+        if o.is_delete():
+            continue
+        key = o.key_or_group
+        default = OmegaConf.select(defaults, key, default=None)
+        if isinstance(default, DictConfig):
+            default = {}
+        elif isinstance(default, ListConfig):
+            default = []
+        value = OmegaConf.select(cfg, key, default=None)
+        value = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+        kind = next((k for k in KINDS if isinstance(default, k)), None)  # bool before int: bool is an int
+        if kind is None or value is None and kind in (list, dict):  # null: no grid, no mapping
+            continue
+        fits = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float:
+            fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not fits:
+            raise UserError(f"{key}={o.input_line.split('=', 1)[-1]} is not {KINDS[kind]}, as {key} must be "
+                            f"(its default is {_override_value(default)})")  # fmt: skip
+
+
+# Grid keys that an override replaces in every run: the learning rate of a grid that fixes one per
+# setting. Any other grid key (model.norm, train.batch_size, ...) is what the experiment compares,
+# and an override of it is refused; so is train.lr where a validation sweep chooses it.
+HONOURED = ("train.lr",)
+
+
+def grid_overrides(cfg: DictConfig, user: list[Override]) -> None:
+    """Apply the overrides of HONOURED grid keys to every run of cfg.grid; refuse those of other
+    grid keys, naming the key and where the grid is defined."""
+    grid = cfg.get("grid") or []
+    name = cfg.experiment.name
+    for o in user:
+        key = o.key_or_group
+        clash = sorted({k for e in grid for k in (e.get("set") or {}) if k == key or
+                        k.startswith(f"{key}.") or key.startswith(f"{k}.")})  # fmt: skip
+        if not clash:
+            continue
+        if key in HONOURED and cfg.experiment.get("lr_sweep") is None and not o.is_delete():
+            for entry in grid:
+                if key in (entry.get("set") or {}):
+                    entry.set[key] = OmegaConf.select(cfg, key)
+            continue
+        why = (
+            f"{name}'s validation sweep chooses it per setting (experiment.lr_sweep)"
+            if key == "train.lr" and cfg.experiment.get("lr_sweep") is not None
+            else f"the {name} grid sets {', '.join(clash)} per setting, as what it compares"
+        )
+        where = (
+            "choose the grid with experiment.methods=[...], experiment.batch_sizes=[...] and experiment.lr=[...]"
+            if cfg.experiment.get("methods") is not None
+            else f"change the grid in conf/experiment/{name}.yaml (or its preset file)"
+        )
+        raise UserError(f"{key} cannot be overridden: {why}; {where} (`normprop config {name}` shows every run)")
 
 
 def method_grid(experiment: DictConfig) -> list[dict]:

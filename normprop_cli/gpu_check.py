@@ -7,13 +7,13 @@
    package runs from: every test with `cuda` in its name or parameters (a CUDA graph replays the
    eager steps exactly, NormProp's folded bfloat16 path on the GPU); their output goes to
    cuda_tests.txt.
-2. Steps (bench.csv, bench.COLUMNS): every method of nn.methods.METHODS stepped side by side, as
+2. Steps (bench.csv, bench_timing.COLUMNS): every method of nn.methods.METHODS stepped side by side, as
    `normprop bench` does, at widths 1.0 and 0.25 and batches 1, 50 and 100, under two sets of
    options: `plain` (NCHW, eager: what the trainer does on CUDA by default) and
    `channels_last+cuda_graph` (the whole step one CUDA graph), each in float32 and, where the GPU
    has bf16 tensor cores (`device.bf16_supported`), under bfloat16 autocast. `budget_s` seconds
    of timed rounds per configuration (all methods together).
-3. Epochs (epochs.csv, bench.EPOCH_COLUMNS + options, train_images_per_s): one epoch of the
+3. Epochs (epochs.csv, bench_timing.EPOCH_COLUMNS + options, train_images_per_s): one epoch of the
    paper's CIFAR-10 protocol (section 5: NIN width 1.0, batch 50, batch data normalisation, SGD
    with momentum, then evaluation of 5,000 validation and 10,000 test images) after one warm-up
    epoch, every method in turn, plain float32 and with the fastest options (channels_last, a CUDA
@@ -75,7 +75,9 @@ def run_gpu_check(
 ) -> int:
     """Run the CUDA tests, time steps and CIFAR-10 epochs; write results/bench/gpu/; exit status."""
     from normprop_cli import bench, config
+    from normprop_cli.bench_timing import COLUMNS, describe, epoch_table, failing_methods, step_table
     from normprop_cli.data import load_dataset
+    from normprop_cli.engine.trainer import steps_per_epoch
 
     methods = bench.choose_methods(methods)
     dev = cuda_device()
@@ -89,18 +91,17 @@ def run_gpu_check(
     print(f"{devices.describe(dev)}: {len(methods)} methods, precisions {', '.join(precisions)}", flush=True)
     runs, failed = {}, {}
     for label, opts in OPTION_SETS.items():
-        for p in precisions:
-            options = StepOptions(**opts, amp=p == "bfloat16")
-            broken = bench.failing_methods(data, cfg, dev, options, methods)
+        for p, options in bench.precision_runs(StepOptions(**opts), precisions).items():
+            broken = failing_methods(data, cfg, dev, options, methods)
             failed |= {(label, p, m): why for m, why in broken.items()}
             runs[(label, p)] = (options, tuple(m for m in methods if m not in broken))
 
     steps = []
     for (_, p), (options, ok) in runs.items():
         if ok:
-            print(f"steps: {bench.describe(options)}, {p}", flush=True)
-            steps.append(bench.step_table(data, cfg, dev, widths, batch_sizes, {p: options}, ok, budget_s=budget_s))
-    steps = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(columns=bench.COLUMNS)
+            print(f"steps: {describe(options)}, {p}", flush=True)
+            steps.append(step_table(data, cfg, dev, widths, batch_sizes, {p: options}, ok, budget_s=budget_s))
+    steps = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(columns=COLUMNS)
     io.write_csv(out / "bench.csv", steps)
 
     fastest = ("channels_last+cuda_graph", precisions[-1])
@@ -108,11 +109,11 @@ def run_gpu_check(
     for key in (("plain", "float32"), fastest):
         options, ok = runs[key]
         if ok:
-            print(f"CIFAR-10 epochs: {bench.describe(options)}, {key[1]}", flush=True)
-            table = bench.epoch_table(data, cfg, dev, 1, options, ok)
-            table["options"] = bench.describe(options)
+            print(f"CIFAR-10 epochs: {describe(options)}, {key[1]}", flush=True)
+            table = epoch_table(data, cfg, dev, 1, options, ok)
+            table["options"] = describe(options)
             bs = int(cfg.train.batch_size)
-            table["train_images_per_s"] = len(data.train) // bs * bs / table["train_s"]
+            table["train_images_per_s"] = steps_per_epoch(len(data.train), bs) * bs / table["train_s"]
             epochs.append(table)
     epochs = pd.concat(epochs, ignore_index=True) if epochs else pd.DataFrame()
     io.write_csv(out / "epochs.csv", epochs)

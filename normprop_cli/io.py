@@ -1,7 +1,11 @@
-"""Atomic result files: every write goes to a temporary file beside the target, then a rename."""
+"""Atomic result files: every write goes to a temporary file beside the target, then a rename.
+
+A write that fails for want of space or permission leaves the previous file as it was and is a
+one-line error that says so and what to do."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -10,20 +14,57 @@ from pathlib import Path
 
 import pandas as pd
 
+from normprop_cli.errors import UserError
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a temporary path in the same directory, then rename it onto `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def atomic_write(path: Path, write: Callable[[Path], None], keep: Path | None = None) -> Path:
+    """Call write(tmp) on a temporary path in the same directory, then rename it onto `path`;
+    the file it replaces, if any, is renamed to `keep` (e.g. the last good checkpoint)."""
+    path, tmp = Path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(Path(tmp))
+        if keep is not None and path.exists():
+            os.replace(path, keep)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        error = write_error(path, exc) if isinstance(exc, OSError) else None
+        if error is None:
+            raise
+        raise error from None
     return path
+
+
+def write_error(path: Path, exc: OSError) -> UserError | None:
+    """The one-line error of a write to `path` that failed for want of space or permission; None for
+    another failure, which is a bug to show in full."""
+    if exc.errno not in NO_SPACE + NOT_ALLOWED:
+        return None
+    what = "its previous version is intact" if path.exists() else "nothing was written"
+    todo = "free some space" if exc.errno in NO_SPACE else f"make {path.parent} writable"
+    return UserError(
+        f"could not write {path} ({os.strerror(exc.errno)}); {what}; {todo} and run the same command again"
+    )
+
+
+def check_writable(directory: Path) -> None:
+    """Fail in one line, before any work, where results cannot be written under `directory`."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"cannot write results in {directory} ({exc.strerror or exc}); pass --results-dir to a writable directory"
+        ) from None
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -42,10 +83,16 @@ def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def save_torch(path: Path, obj) -> Path:
+def save_torch(path: Path, obj, keep: Path | None = None) -> Path:
+    """torch.save through a Python file, whose failed writes are OSErrors with their errno (torch's
+    own file writer turns a full disk into a bare RuntimeError)."""
     import torch
 
-    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+
+    return atomic_write(path, write, keep)
 
 
 def save_figure(fig, stem: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from normprop_cli.engine.runs import CONFIG
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
 from normprop_cli.experiments.results import format_ci
-from normprop_cli.verdicts import PAPER_DATASETS, provenance, result_dirs
+from normprop_cli.verdicts import paper_datasets, provenance, result_dirs
 
 
 def results_trees(results: Path) -> list[Path]:
@@ -86,7 +86,7 @@ def departures(experiment: str, prov: dict, directory: Path | None = None) -> li
     if not prov:
         return []
     cfg, out = prov["cfg"], []
-    paper_sets = PAPER_DATASETS.get(experiment, ("cifar10",))
+    paper_sets = paper_datasets(experiment)
     dataset = cfg.dataset.name
     if dataset not in paper_sets:
         out.append(

@@ -15,7 +15,7 @@ from rich.table import Table
 from normprop_cli.engine import expand_grid, run_dir, sweep_dir
 from normprop_cli.engine.runs import read_manifest, submitted
 
-STATE_STYLES = {"missing": "dim", "running": "yellow", "complete": "green", "diverged": "red"}
+STATE_STYLES = {"missing": "dim", "running": "yellow", "complete": "green", "diverged": "red", "damaged": "red"}
 
 
 def rows(cfg: DictConfig) -> list[dict]:

@@ -11,20 +11,17 @@ from collections.abc import Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli.data import DataError, available_datasets, load_dataset
+from normprop_cli.data import DATA_NORMS, DataError, load_dataset
 from normprop_cli.data.augment import AUGMENTATIONS
-from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
-from normprop_cli.engine.trainer import Observer, Progress, train_run
+from normprop_cli.engine.runs import FINISHED, RunSpec, read_manifest, run_dir
+from normprop_cli.engine.trainer import Observer, Progress, model_config, train_run
 from normprop_cli.errors import UserError
-from normprop_cli.nn import ACTIVATIONS, JACOBIAN_MODES, NORMS
-from normprop_cli.nn.nin import option_problem
-from normprop_cli.nn.stats import PARAMETRIC
-
-LAUNCHERS = ("none", "local", "slurm")
+from normprop_cli.nn.nin import values_per_channel
 
 
 def validate(spec: RunSpec) -> None:
-    """Impossible settings are one-line errors before anything is written."""
+    """Impossible settings are one-line errors before anything is written. The registries decide
+    what is known: nn's norms, Jacobian modes and activations, data's normalisations and augmentations."""
     t, name = spec.cfg.train, spec.name
     checks = [
         (int(t.batch_size) >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
@@ -34,7 +31,6 @@ def validate(spec: RunSpec) -> None:
         (float(t.weight_decay) >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}"),
         (0 <= float(t.momentum) < 1, f"train.momentum must be in [0, 1), got {t.momentum}"),
         (int(t.eval_batch_size) >= 1, f"train.eval_batch_size must be at least 1, got {t.eval_batch_size}"),
-        (float(spec.cfg.model.width) > 0, f"model.width must be positive, got {spec.cfg.model.width}"),
         (
             not (t.data_norm == "batch" and int(t.batch_size) == 1),
             f"run {name}: batch data normalisation needs a batch of 2 or more; use train.data_norm=global "
@@ -52,20 +48,33 @@ def validate(spec: RunSpec) -> None:
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    for key, known in (
-        ("model.norm", tuple(NORMS)),
-        ("train.data_norm", ("global", "batch")),
-        ("model.jacobian", JACOBIAN_MODES),
-        ("model.activation", (*ACTIVATIONS, *PARAMETRIC)),
-        ("dataset.augment", AUGMENTATIONS),
-    ):
+    for key, known in (("train.data_norm", tuple(DATA_NORMS)), ("dataset.augment", AUGMENTATIONS)):
         value = OmegaConf.select(spec.cfg, key)
         if value not in known:
             raise UserError(f"{key}={value} is not known; use one of {', '.join(known)}")
-    m = spec.cfg.model
-    problem = option_problem(m.norm, m.activation, bool(m.get("data_init")))
+    try:
+        model = model_config(spec.cfg.model)
+    except ValueError as exc:
+        raise UserError(f"run {name}: {exc}") from None
+    problem = model.problem()
     if problem:
         raise UserError(f"run {name}: {problem}")
+    values = values_per_channel(model.norm, int(t.batch_size))
+    if values is not None and values < 2:
+        raise UserError(
+            f"run {name}: model.norm={model.norm} at train.batch_size={t.batch_size} normalises {values} value per "
+            "channel: no variance to divide by; use a larger batch or a batch-independent norm"
+        )
+
+
+def check_split(spec: RunSpec, data) -> None:
+    """A training split smaller than one batch is refused before any run trains (no step to take)."""
+    n, bs = len(data.train), int(spec.cfg.train.batch_size)
+    if n < bs:
+        raise UserError(
+            f"run {spec.name}: the training split of {spec.cfg.dataset.name} has {n} image(s), fewer than "
+            f"train.batch_size={bs}; lower train.batch_size or raise dataset.limit"
+        )
 
 
 def load_data(cfg: DictConfig, device):
@@ -82,21 +91,19 @@ def load_data(cfg: DictConfig, device):
     return data.to(device)
 
 
-def check_data(cfg: DictConfig) -> None:
-    """Workers load the data set themselves: fetch it once, or fail on it, before any starts."""
-    if cfg.download or not available_datasets(cfg.data_dir).get(cfg.dataset.name, False):
-        load_data(cfg, torch.device("cpu"))
+def check_data(cfg: DictConfig, specs: Sequence[RunSpec]) -> None:
+    """Workers load the data set themselves: fetch it once, or fail on it, and refuse a training split
+    smaller than a batch, before any starts."""
+    data = load_data(cfg, torch.device("cpu"))
+    for spec in specs:
+        check_split(spec, data)
 
 
 def finished(spec: RunSpec) -> bool:
-    return (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("status") in ("complete", "diverged")
+    return (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("status") in FINISHED
 
 
 def train_one(spec: RunSpec, data, device, progress: Progress, observers: Sequence[Observer]) -> dict:
-    """train_run, with BatchNorm's refusal of a single value per channel as a one-line error."""
-    try:
-        return train_run(spec, data, device, progress, observers)
-    except ValueError as exc:
-        if "value per channel" in str(exc) or "batch size" in str(exc):
-            raise UserError(f"run {spec.name}: {str(exc).splitlines()[0]}") from None
-        raise
+    """Train one run of the grid (resuming it), on the data set `data` loaded on `device`."""
+    check_split(spec, data)
+    return train_run(spec, data, device, progress, observers)

@@ -22,8 +22,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import device as devices
-from normprop_cli.engine.progress import QuietProgress, console
-from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
+from normprop_cli.engine.progress import QuietProgress
+from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir, say
 from normprop_cli.engine.trainer import Observer
 from normprop_cli.errors import UserError
 
@@ -94,7 +94,7 @@ def stop_unfinished(specs: Sequence[RunSpec], why: str, code: int) -> None:
     """Say which runs are unfinished, and where they stand, then exit with `code`."""
     done = [(read_manifest(run_dir(s.cfg, s.name)) or {}).get("epochs_done", 0) for s in specs]
     where = ", ".join(f"{s.name} at epoch {epoch}" for s, epoch in zip(specs, done, strict=True))
-    console.print(
+    say(
         f"{why}: {len(specs)} run(s) unfinished ({where}); they keep their finished epochs; "
         "run the same command again to resume them"
     )
@@ -130,7 +130,7 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
             for i, w in enumerate(workers):
                 if w.exitcode not in (None, 0) and i not in dead:
                     dead.add(i)
-                    console.print(f"worker process {i} died (exit code {w.exitcode}); the others go on")
+                    say(f"worker process {i} died (exit code {w.exitcode}); the others go on")
     except KeyboardInterrupt:
         _stop(workers)
         stop_unfinished([s for s in todo if s.name not in done], "interrupted", 130)

@@ -15,9 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 
 import normprop_cli
 from normprop_cli import io
+from normprop_cli.engine.progress import console
 from normprop_cli.errors import UserError
 
 MANIFEST, CONFIG, METRICS, CHECKPOINT = "manifest.json", "config.yaml", "metrics.csv", "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest: what a damaged newest one falls back to
+FINISHED = ("complete", "diverged")
+DAMAGED = "damaged"  # the status read_manifest gives a manifest.json that cannot be read
 # Keys of a run's config that say what is computed; the rest (device, paths, ...) may change on resume.
 RUN_KEYS = ("experiment", "run", "seed", "dataset", "model", "train")
 
@@ -112,11 +116,24 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+def say(message: str) -> None:
+    """One line on the sweep's console (stderr): never wrapped, nor read as rich markup (paths and
+    error texts hold brackets)."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
 def read_manifest(path: Path) -> dict | None:
+    """The run's manifest; None where it has none. One that cannot be read is {"status": "damaged",
+    "problem": ...}, so that no caller takes a damaged run for a missing one (train_run rebuilds it)."""
     try:
-        return io.read_json(path / MANIFEST)
-    except (OSError, ValueError):
+        manifest = io.read_json(path / MANIFEST)
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        return {"status": DAMAGED, "problem": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    if not isinstance(manifest, dict):
+        return {"status": DAMAGED, "problem": f"a JSON {type(manifest).__name__}, not an object"}
+    return manifest
 
 
 def check_same_config(spec: RunSpec, path: Path) -> None:

@@ -7,7 +7,8 @@ weights updated:
     -> SGD (momentum, weight decay) -> NormProp's unit-norm constraint (section 4.4)
 
 and returns the loss and the number of correct predictions as device tensors: no `.item()`,
-so a GPU never waits for the host inside an epoch.
+so a GPU never waits for the host inside an epoch. A step is timed only with a `StepClock` set
+as its `clock` (`normprop bench`): the trainer's steps have none.
 
 Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU:
     channels_last  NHWC activations and weights; `auto`: on the CPU, where oneDNN's convolutions
@@ -21,13 +22,14 @@ Options (`train:` in conf/config.yaml), off by default but for channels_last on 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from normprop_cli.device import synchronize
 from normprop_cli.nn import constrain_unit_norm_
 
 
@@ -73,8 +75,37 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 PHASES = ("forward", "backward", "optimizer", "constraint")
 
 
+class StepClock:
+    """A step's clock (`normprop bench`): set as `step.clock`, it keeps each step's ms and, on the CPU,
+    each phase's (PHASES). The device is synchronised as a step starts and as it ends, here alone, so
+    a step's time is its work's; a CUDA step's phases are not kept: there their ends are launches."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.t0, self.last = device, 0.0, 0.0
+        self.steps: list[float] = []
+        self.phases: dict[str, list[float]] = {p: [] for p in PHASES} if device.type == "cpu" else {}
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.t0 = self.last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """`phase` has ended: its ms are the time since the previous mark (or the start)."""
+        if self.phases:
+            now = time.perf_counter()
+            self.phases[phase].append(1e3 * (now - self.last))
+            self.last = now
+
+    def stop(self) -> None:
+        synchronize(self.device)
+        self.steps.append(1e3 * (time.perf_counter() - self.t0))
+
+
 class Step:
-    """One SGD step on a batch; `logits` is the same forward for evaluation."""
+    """One SGD step on a batch; `logits` is the same forward for evaluation. Without a `clock`
+    (the trainer's steps) nothing is timed and nothing synchronised."""
+
+    clock: StepClock | None = None
 
     def __init__(
         self,
@@ -101,23 +132,26 @@ class Step:
         ):
             return self.net(x).float()
 
-    def __call__(self, x: Tensor, y: Tensor, clock: Callable[[str], None] | None = None) -> tuple[Tensor, Tensor]:
-        """`clock(phase)`, if given, is called as each of PHASES ends (`normprop bench` times them)."""
+    def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        clock = self.clock
+        if clock is not None:
+            clock.start()
         logits = self.logits(x)
         loss = F.cross_entropy(logits, y)
         if clock is not None:
-            clock("forward")
+            clock.mark("forward")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clock is not None:
-            clock("backward")
+            clock.mark("backward")
         self.optimizer.step()
         if clock is not None:
-            clock("optimizer")
+            clock.mark("optimizer")
         if self.constrain:
             constrain_unit_norm_(self.model)  # section 4.4
         if clock is not None:
-            clock("constraint")
+            clock.mark("constraint")
+            clock.stop()
         return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
 
@@ -128,19 +162,27 @@ class GraphedStep:
     static input buffers suffice. The warm-up steps that capturing needs run on a side stream
     and are then undone: the model, data normalisation and optimizer go back to the state they
     had, so a run with the graph takes exactly the steps of a run without it. Momentum buffers
-    that did not exist yet are zeroed, and SGD from a zero buffer is SGD's first step.
+    that did not exist yet are zeroed, and SGD from a zero buffer is SGD's first step. Its `clock`
+    times whole replays (the first with its capture); the captured Step's stays unset.
     """
+
+    clock: StepClock | None = None
 
     def __init__(self, step: Step, warmup: int = 3):
         self.step, self.warmup, self.graph = step, warmup, None
         self.logits = step.logits
 
     def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        clock = self.clock
+        if clock is not None:
+            clock.start()
         if self.graph is None:
             self._capture(x, y)
         self.x.copy_(x)
         self.y.copy_(y)
         self.graph.replay()
+        if clock is not None:
+            clock.stop()
         return self.out
 
     def _capture(self, x: Tensor, y: Tensor) -> None:

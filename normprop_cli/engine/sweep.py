@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from normprop_cli import config, io
 from normprop_cli import device as devices
-from normprop_cli.engine.job import LAUNCHERS, check_data, finished, load_data, train_one, validate
-from normprop_cli.engine.progress import QuietProgress, console, make_progress
-from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir
+from normprop_cli.engine.job import check_data, check_split, finished, load_data, train_one, validate
+from normprop_cli.engine.progress import QuietProgress, make_progress
+from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir, say, sweep_dir
 from normprop_cli.engine.trainer import Observer
 from normprop_cli.errors import UserError
 
@@ -32,8 +33,7 @@ def run_sweep(
     jobs, launcher = int(cfg.get("jobs") or 1), OmegaConf.select(cfg, "launcher.name", default="none")
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if launcher not in LAUNCHERS:
-        raise UserError(f"unknown launcher '{launcher}'; known: {', '.join(LAUNCHERS)}")
+    config.check_choice("launcher", launcher)  # conf/launcher/ is the registry
     for spec in specs:
         validate(spec)
     # The jobs of a SLURM array pick their device on their node; a login node may have no GPU.
@@ -43,7 +43,8 @@ def run_sweep(
     if todo and (jobs > 1 or launcher != "none"):
         from normprop_cli.engine import launch, parallel
 
-        check_data(cfg)
+        check_data(cfg, todo)
+        io.check_writable(sweep_dir(cfg))
         progress = QuietProgress(len(specs))  # one line per finished run
         for spec in specs:
             if spec.name not in pending:
@@ -58,6 +59,10 @@ def run_sweep(
 
     devices.prepare(device)
     data = load_data(cfg, device) if todo else None
+    for spec in todo:
+        check_split(spec, data)
+    if todo:
+        io.check_writable(sweep_dir(cfg))
     manifests = []
     with make_progress(len(specs), bool(cfg.quiet)) as progress:
         for spec in specs:
@@ -70,8 +75,6 @@ def run_sweep(
                 manifests.append(train_one(spec, data, device, progress, observers(spec)))
             except KeyboardInterrupt:
                 done = (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("epochs_done", 0)
-                console.print(
-                    f"interrupted: run {spec.name} kept {done} finished epoch(s); run the same command again to resume"
-                )
+                say(f"interrupted: run {spec.name} kept {done} finished epoch(s); run the same command again to resume")
                 sys.exit(130)
     return manifests

@@ -1,10 +1,14 @@
 """One run, start to finish (section 4.4): SGD with momentum, the learning rate halved every N epochs,
 NormProp's unit-norm constraint after every step, evaluation after every epoch, and after every epoch
-an atomic checkpoint, metrics.csv and manifest.json so that a run can always be resumed exactly."""
+an atomic checkpoint, metrics.csv and manifest.json so that a run can always be resumed exactly.
+
+The checkpoint before the newest is kept (checkpoint.prev.pt): a damaged newest one costs one epoch,
+retrained exactly. A run trains under its lock (engine.lock): one process at a time."""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,23 +24,30 @@ from normprop_cli import io
 from normprop_cli.data import Dataset, make_data_norm, to_float
 from normprop_cli.data.augment import augment_batch, draw_augmentation
 from normprop_cli.device import describe, synchronize
+from normprop_cli.engine import lock
 from normprop_cli.engine.runs import (
     CHECKPOINT,
     CONFIG,
+    DAMAGED,
+    FINISHED,
     MANIFEST,
     METRICS,
+    PREVIOUS,
     RunSpec,
     check_same_config,
     commit,
     now,
     read_manifest,
     run_dir,
+    say,
     versions,
 )
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
+from normprop_cli.errors import UserError
 from normprop_cli.nn import NIN
+from normprop_cli.nn.nin import NINConfig
 
-MODELS = {"nin": NIN}
+MODELS = {"nin": (NIN, NINConfig)}  # arch: (model, its typed config)
 DATA_INIT_IMAGES = 256  # the batch of weight normalisation's data-dependent initialisation
 METRIC_COLUMNS = [
     "epoch",
@@ -107,27 +118,57 @@ class Run:
                 o.load_state_dict(state["observers"][o.name])
 
 
+def model_config(model_cfg: DictConfig) -> NINConfig:
+    """The YAML's model as its architecture's typed config; an unknown arch or option is a ValueError."""
+    options = OmegaConf.to_container(model_cfg, resolve=True)
+    arch = options.pop("arch", "nin")
+    if arch not in MODELS:
+        raise ValueError(f"model.arch={arch} is not known; use one of {', '.join(MODELS)}")
+    return MODELS[arch][1].from_dict(options)
+
+
 def build_model(model_cfg: DictConfig, data: Dataset) -> torch.nn.Module:
-    kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg).items() if k != "arch"}
-    return MODELS[model_cfg.arch](num_classes=data.num_classes, in_channels=data.in_channels, **kwargs)
+    model, _ = MODELS[model_cfg.get("arch", "nin")]
+    return model(num_classes=data.num_classes, in_channels=data.in_channels, config=model_config(model_cfg))
 
 
 def train_run(
     spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer] = ()
 ) -> dict:
-    """Train one run to its last epoch, resuming from its checkpoint; return its manifest."""
+    """Train one run to its last epoch, resuming from its checkpoint; return its manifest.
+    A run another process holds is waited for; one it finished is returned as it is."""
+    path = run_dir(spec.cfg, spec.name)
+    with lock.hold(path, spec.name):
+        return _train_locked(spec, path, data, device, progress, observers)
+
+
+def _train_locked(
+    spec: RunSpec, path: Path, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer]
+) -> dict:
     cfg, t = spec.cfg, spec.cfg.train
-    path = run_dir(cfg, spec.name)
     manifest = read_manifest(path)
-    if manifest and manifest.get("status") in ("complete", "diverged"):
+    if manifest and manifest.get("status") in FINISHED:
         return manifest
     check_same_config(spec, path)
 
     torch.manual_seed(spec.seed)
     run = make_run(cfg, data, device, observers)
     model = run.model
-    if (path / CHECKPOINT).exists():
-        run.load(torch.load(path / CHECKPOINT, map_location=device, weights_only=True))
+    state = load_checkpoint(spec.name, path, device)
+    if manifest and manifest.get("status") == DAMAGED:
+        if state is None:
+            raise UserError(
+                f"run {spec.name}: {MANIFEST} is damaged ({manifest['problem']}) and there is no checkpoint to "
+                f"rebuild it from; delete {path} to train the run from scratch"
+            )
+        say(
+            f"run {spec.name}: {MANIFEST} is damaged ({manifest['problem']}); rebuilt from {CHECKPOINT} "
+            f"(epoch {state['epoch']} of {t.epochs})"
+        )
+        manifest = None
+    if state is not None:
+        run.load(state)
+        _write_tables(path, run)  # the tables of the epoch resumed from, whatever was written after it
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
         for o in observers:
@@ -167,7 +208,7 @@ def train_run(
         run.epoch += 1
         for o in observers:
             run.extra[o.name] += o.observe(model, eval_batches(run, data, cfg), run.epoch)
-        io.save_torch(path / CHECKPOINT, run.state())
+        io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         _write_tables(path, run)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
         io.write_json(path / MANIFEST, manifest)
@@ -179,6 +220,31 @@ def train_run(
     io.write_json(path / MANIFEST, manifest)
     progress.finish(manifest)
     return manifest
+
+
+def load_checkpoint(name: str, path: Path, device: torch.device) -> dict | None:
+    """The newest readable checkpoint of a run; None for a run that has none. A damaged (or missing)
+    checkpoint.pt falls back to checkpoint.prev.pt, one epoch older, which becomes the newest."""
+    newest, previous = path / CHECKPOINT, path / PREVIOUS
+    if not newest.exists() and not previous.exists():
+        return None
+    problems = []
+    for file in (newest, previous):
+        try:
+            state = torch.load(file, map_location=device, weights_only=True)
+        except FileNotFoundError:
+            problems.append(f"{file.name} is missing")
+            continue
+        except Exception as exc:  # torch.load fails on damage as RuntimeError, EOFError, OSError, UnpicklingError...
+            problems.append(f"{file.name} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})")
+            continue
+        if file == previous:
+            os.replace(previous, newest)
+            say(f"run {name}: {problems[0]}; resuming from epoch {state['epoch']} ({PREVIOUS})")
+        return state
+    raise UserError(
+        f"run {name}: {'; '.join(problems)}; nothing to resume from: delete {path} to train it from scratch"
+    )
 
 
 def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:

@@ -19,7 +19,7 @@ summary.csv      one row per run: engine columns + activation, final_test_acc, b
 activations.png/.pdf  final test accuracy per activation, NormProp vs BatchNorm (95% CI over seeds);
                  NormProp's per-layer average std and |mean| at initialisation and after training
 
-C8 (verdicts.c8_activations) reads summary.csv through `paired_gaps` and `worst_per_seed` below.
+C8's measure (verdicts.measures: `paired_gaps`, `worst_per_seed`) reads its summary.csv.
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ from normprop_cli.experiments import results
 from normprop_cli.experiments.probes import PopulationProbe
 from normprop_cli.nn import ACTIVATIONS, activation_stats
 from normprop_cli.nn.stats import quadrature_stats
+from normprop_cli.verdicts import rule
+from normprop_cli.verdicts.measures import ACCURACY, paired_gaps, worst_per_seed
 
 KEYS = ["method", "activation"]
-ACCURACY = "final_test_acc"  # the column C8 compares, in summary.csv
 LAYER_COLUMNS = ["method", "activation", "layer", "epoch", "n", "avg_abs_mean", "avg_std", "avg_drift"]
-GAP_COLUMNS = ["seed", "activation", "normprop", "batchnorm", "gap"]
-WORST_COLUMNS = [*GAP_COLUMNS, "reference_gap", "relative"]
-REFERENCE = "relu"  # C8 measures every other activation against NormProp's standing with ReLU
 ACTIVATION_LABELS = {"relu": "ReLU", "prelu": "PReLU", "tanh": "tanh", "sigmoid": "sigmoid"}
 ACTIVATION_COLORS = {"relu": "C0", "prelu": "C2", "tanh": "C3", "sigmoid": "C4"}
 NOT_IN_PAPER = "no experiment in the paper (section 4.6)"
@@ -99,45 +97,6 @@ def layer_stats(population: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     return table[LAYER_COLUMNS].sort_values([*KEYS, "layer", "epoch"], kind="stable")
-
-
-# ---- C8: NormProp minus BatchNorm with the same activation, paired by seed -----------------------------
-
-
-def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
-    """GAP_COLUMNS: per seed and activation, the final test accuracy (%) of NormProp and of BatchNorm and
-    gap = NormProp minus BatchNorm; runs that ended (complete, or diverged with their last finite
-    metrics) only, and only the (seed, activation) pairs where both methods have one. `value`: another
-    accuracy column (epochs.csv's test_acc, one epoch's rows)."""
-    if not len(summary) or value not in summary:
-        return pd.DataFrame(columns=GAP_COLUMNS)
-    ended = summary["status"].isin(["complete", "diverged"]) if "status" in summary else True
-    runs = summary[ended & np.isfinite(pd.to_numeric(summary[value], errors="coerce"))]
-    wide = runs.pivot_table(index=["seed", "activation"], columns="method", values=value, aggfunc="mean")
-    if not {"normprop", "batchnorm"} <= set(wide.columns):
-        return pd.DataFrame(columns=GAP_COLUMNS)
-    wide = wide[["normprop", "batchnorm"]].dropna().reset_index()
-    order = {a: i for i, a in enumerate(dict.fromkeys(summary["activation"]))}  # the grid's order
-    wide = wide.sort_values(["seed", "activation"], key=lambda c: c.map(order) if c.name == "activation" else c)
-    return wide.assign(gap=wide["normprop"] - wide["batchnorm"])[GAP_COLUMNS].reset_index(drop=True)
-
-
-def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
-    """WORST_COLUMNS: per seed that has a pair for every activation of `gaps`, the activation other than
-    `reference` whose gap (NormProp minus BatchNorm) falls furthest below the reference's gap of that
-    seed: relative = gap - reference_gap. So C8 asks what moving off ReLU costs NormProp against
-    BatchNorm, not C5's question of how the two compare with ReLU. Its mean over seeds is at most the
-    smallest of the activations' mean relative gaps (E[min] <= min E): a conservative effect."""
-    if not len(gaps) or reference not in set(gaps["activation"]):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    k = gaps["activation"].nunique()
-    g = gaps[gaps.groupby("seed")["activation"].transform("nunique") == k]
-    ref = g[g["activation"] == reference].set_index("seed")["gap"]
-    others = g[g["activation"] != reference].assign(reference_gap=lambda d: d["seed"].map(ref))
-    if not len(others):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    others = others.assign(relative=others["gap"] - others["reference_gap"])
-    return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
 
 
 # ---- figure ---------------------------------------------------------------------------------------------
@@ -383,16 +342,14 @@ def _effect_by_epoch(epochs: pd.DataFrame) -> pd.Series:
 
 
 def _against_margin(ci: dict) -> str:
-    """Where the interval lies against C8's non-inferiority margin, in words: verdicts.verdict's rule
+    """Where the interval lies against C8's non-inferiority margin, in words: the verdicts' rule
     with C8's kind and margin (conf/claims.yaml)."""
-    from normprop_cli import verdicts  # verdicts reads this module's columns; import it late
-
-    claim = next(c for c in verdicts.claims() if c.id == "C8")
+    claim = next(c for c in rule.claims() if c.id == "C8")
     low, high, margin = ci["ci_low"], ci["ci_high"], float(claim.margin)
     if not (math.isfinite(low) and math.isfinite(high)):
         return "no interval (fewer than 2 seeds)"
-    side = {verdicts.REPRODUCED: "above", verdicts.NOT_REPRODUCED: "below"}.get(
-        verdicts.verdict(claim.kind, low, high, margin, ci["n"])
+    side = {rule.REPRODUCED: "above", rule.NOT_REPRODUCED: "below"}.get(
+        rule.verdict(claim.kind, low, high, margin, ci["n"])
     )
     if side:
         return f"the whole interval lies {side} -{margin:g} pp, C8's margin"

@@ -108,9 +108,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
     for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
         runs = summary[summary["setting"] == r["setting"]]
         if len(runs) and learned_flags(runs).eq(False).all():
-            text = f"did not learn ({r['mean']:.2f}, within 5 points of chance)"
+            text = f"did not learn ({r['mean']:.2f}, {results.NEAR_CHANCE})"
         else:
-            text = results.format_ci(r["mean"], r["ci_low"], r["ci_high"])
+            text = results.format_mean_ci(r)
         updates = f", {int(r['updates'])} updates" if "updates" in r else ""
         rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
                                  f"{updates}, {r['label']}",

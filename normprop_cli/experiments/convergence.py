@@ -65,7 +65,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
                 f"{int(last['epoch'])}, {results.method_label(method)}",
-                "reproduced": results.format_ci(last["mean"], last["ci_low"], last["ci_high"]),
+                "reproduced": results.format_mean_ci(last),
                 "paper": "",
             }
         )

@@ -34,7 +34,7 @@ from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import results
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
-from normprop_cli.experiments.results import learned_flags, run_row, write_summary
+from normprop_cli.experiments.results import learned_flags
 
 RUN = ["run", "setting", "method", "seed"]
 SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
@@ -59,7 +59,8 @@ def settling(stats: pd.DataFrame, band: float) -> pd.DataFrame:
 
 
 def paper_metric(stats: pd.DataFrame) -> pd.DataFrame:
-    """Per run and draw: the average over layers 2..9 of |final mean| (section 5.2: 0.19 vs 0.33)."""
+    """Per run and draw: the average over layers 2..9 of |final mean| (section 5.2's metric; the paper's
+    values are experiment.paper_avg_abs_final_mean)."""
     if not len(stats):
         return pd.DataFrame(columns=PROBES)
     final = stats.sort_values("epoch", kind="stable").groupby(["run", "layer", "draw"], sort=False).tail(1)
@@ -70,6 +71,18 @@ def paper_metric(stats: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     return table[PROBES]
+
+
+def probed(probes: pd.DataFrame, settled: pd.DataFrame, run: str) -> dict:
+    """A run's paper metric (mean and sd over draws) and the last epoch at which a probed unit settled."""
+    p = results.of_run(probes, run)
+    if not len(p):
+        return {}
+    return {
+        "avg_abs_final_mean": p["avg_abs_final_mean"].mean(),
+        "avg_abs_final_mean_sd": p["avg_abs_final_mean"].std(ddof=1),
+        "last_settled_after_epoch": int(results.of_run(settled, run)["settled_after_epoch"].max()),
+    }
 
 
 def final_population(population: pd.DataFrame, run: str) -> dict:
@@ -95,18 +108,12 @@ def run(cfg: DictConfig) -> Path:
     probes, settled = paper_metric(stats), settling(stats, band)
     for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
         results.write(cfg, name, table)
-    rows = []
-    for spec, manifest in zip(specs, manifests, strict=True):
-        row = run_row(spec, manifest) | {"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
-        p, s = results.of_run(probes, spec.name), results.of_run(settled, spec.name)
-        if len(p):
-            row |= {
-                "avg_abs_final_mean": p["avg_abs_final_mean"].mean(),
-                "avg_abs_final_mean_sd": p["avg_abs_final_mean"].std(ddof=1),
-                "last_settled_after_epoch": int(s["settled_after_epoch"].max()),
-            }
-        rows.append(row | final_population(population, spec.name))
-    out = write_summary(cfg, rows)
+
+    def columns(spec) -> dict:
+        return ({"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
+                | probed(probes, settled, spec.name) | final_population(population, spec.name))  # fmt: skip
+
+    out = results.summarise(cfg, specs, manifests, columns)
     plot(cfg)
     return out
 
@@ -263,7 +270,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             int(g["probe_draws"].max()),
             g["avg_abs_final_mean_sd"].mean(),
         )
-        paper = _paper(cfg, cfg.experiment.paper_avg_abs_final_mean.get(method, ""))
+        paper = results.paper_value(cfg, cfg.experiment.paper_avg_abs_final_mean.get(method, ""))
         what = f"{draws} probed units per layer (sd over draws {spread:.3f})"
         rows += [
             _ci_row(f"average |final mean| over layers 2-9 of {what}, {label}", g["avg_abs_final_mean"], paper),
@@ -281,14 +288,14 @@ def headlines(cfg: DictConfig) -> list[dict]:
             f"(median over {len(per_draw)} run-draws), {results.method_label(method)}"
         )
         reproduced = f"{per_draw['epoch'].median():g} of {epochs}; {moving} of {len(per_draw)} still moving"
-        paper = _paper(cfg, cfg.experiment.paper_settled.get(method, ""))
+        paper = results.paper_value(cfg, cfg.experiment.paper_settled.get(method, ""))
         rows.append({"quantity": quantity, "reproduced": reproduced, "paper": paper})
     for method, g in _by_method(summary[~learned]):
         if method not in set(kept["method"]):
             accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
             quantity = (
                 f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
-                "within 5 points of chance); kept out of the rows above"
+                f"{results.NEAR_CHANCE}); kept out of the rows above"
             )
             rows.append({"quantity": quantity, "reproduced": f"final test accuracy {accuracy:.1f}%", "paper": ""})
     return rows
@@ -297,13 +304,6 @@ def headlines(cfg: DictConfig) -> list[dict]:
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
     """The mean over seeds with its 95% Student-t interval (results.mean_ci)."""
     ci = results.mean_ci(values)
-    reproduced = results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], 3)
+    reproduced = results.format_mean_ci(ci, 3)
     over = f"95% interval over {ci['n']} seeds" if ci["n"] > 1 else f"{ci['n']} seed, no interval"
     return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
-
-
-def _paper(cfg: DictConfig, value):
-    """The paper's number, labelled where the data set is not the paper's (CIFAR-10)."""
-    if value == "" or cfg.dataset.name == "cifar10":
-        return value
-    return f"{value} (CIFAR-10; not comparable with {cfg.dataset.name})"

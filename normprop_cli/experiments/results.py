@@ -54,7 +54,8 @@ def run_row(spec: RunSpec, manifest: dict | None) -> dict:
     return row
 
 
-LEARNED_MARGIN = 5.0  # SPEC §6.1: a run within 5 points of chance did not learn
+LEARNED_MARGIN = 5.0  # SPEC §6.1: a run within this many points of chance did not learn
+NEAR_CHANCE = f"within {LEARNED_MARGIN:g} points of chance"  # a run that did not learn
 
 
 def chance(cfg) -> float:
@@ -63,8 +64,8 @@ def chance(cfg) -> float:
 
 
 def learned(final_test_acc: float, cfg) -> bool:
-    """Did the run learn: a final test accuracy more than 5 points above chance (SPEC §6.1)? Runs that
-    did not are labelled so and kept out of headlines; their numbers stay in the CSVs."""
+    """Did the run learn: a final test accuracy more than LEARNED_MARGIN points above chance (SPEC §6.1)?
+    Runs that did not are labelled so and kept out of headlines; their numbers stay in the CSVs."""
     return bool(final_test_acc > chance(cfg) + LEARNED_MARGIN)
 
 
@@ -78,6 +79,11 @@ def learned_flags(summary: pd.DataFrame, absent: bool = True) -> pd.Series:
 
 def write_summary(cfg, rows: Sequence[dict]) -> Path:
     return io.write_csv(sweep_dir(cfg) / "summary.csv", pd.DataFrame(list(rows)))
+
+
+def summarise(cfg, specs: Sequence[RunSpec], manifests: Sequence[dict | None], columns=lambda spec: {}) -> Path:
+    """summary.csv, one row per run: the engine's columns (run_row), then the experiment's `columns(spec)`."""
+    return write_summary(cfg, [run_row(s, m) | columns(s) for s, m in zip(specs, manifests, strict=True)])
 
 
 def read_csv(path: Path, command: str) -> pd.DataFrame:
@@ -113,16 +119,16 @@ def gather(specs: Sequence[RunSpec], name: str = "metrics", columns: Mapping[str
         path = run_dir(spec.cfg, spec.name) / f"{name}.csv"
         if not path.exists() or path.stat().st_size <= 1:
             continue
-        head = {
-            "run": spec.name,
-            "setting": spec.setting,
-            "method": spec.cfg.model.norm,
-            "seed": spec.seed,
-        }
-        head |= {col: OmegaConf.select(spec.cfg, key) for col, key in columns.items()}
+        head = {"run": spec.name, "setting": spec.setting, "method": spec.cfg.model.norm, "seed": spec.seed}
+        head |= settings(spec, columns)
         table = pd.read_csv(path)
         frames.append(table.assign(**head)[list(head) + list(table.columns)])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def settings(spec: RunSpec, columns: Mapping[str, str]) -> dict:
+    """The run's values of `columns` = {column: dotted config key}, e.g. {"initial_lr": "train.lr"}."""
+    return {col: OmegaConf.select(spec.cfg, key) for col, key in columns.items()}
 
 
 def of_run(epochs: pd.DataFrame, run: str) -> pd.DataFrame:
@@ -142,9 +148,7 @@ def write_curves_and_summary(cfg, specs, manifests, epochs, keys, columns=lambda
     Returns summary.csv."""
     write(cfg, "epochs", epochs)
     write(cfg, "curves", curves(epochs, keys, carry=carry))
-    rows = [run_row(spec, manifest) | columns(spec) | accuracy(epochs, spec.name)
-            for spec, manifest in zip(specs, manifests, strict=True)]  # fmt: skip
-    return write_summary(cfg, rows)
+    return summarise(cfg, specs, manifests, lambda spec: columns(spec) | accuracy(epochs, spec.name))
 
 
 def curves(
@@ -255,6 +259,11 @@ def format_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def format_mean_ci(ci: Mapping, digits: int = 2) -> str:
+    """format_ci of a mean_ci result or of a curves.csv row (mean, ci_low, ci_high)."""
+    return format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+
+
 def paper_value(cfg: DictConfig, value, paper_dataset: str = "cifar10") -> str:
     """The paper's number for the report, labelled "not comparable" beside it when this sweep is not
     on the paper's data set (SPEC §6.1: digits vs CIFAR-10)."""
@@ -266,14 +275,14 @@ def paper_value(cfg: DictConfig, value, paper_dataset: str = "cifar10") -> str:
 
 
 def not_learned(cfg: DictConfig) -> list[dict]:
-    """A headline row naming the runs that did not learn (SPEC §6.1: final accuracy within 5 points
-    of chance), when there are any: their numbers stay in the CSVs, this row says so."""
+    """A headline row naming the runs that did not learn (SPEC §6.1: a final accuracy NEAR_CHANCE), when
+    there are any: their numbers stay in the CSVs, this row says so."""
     path = sweep_dir(cfg) / "summary.csv"
     summary = pd.read_csv(path) if path.exists() else pd.DataFrame()
     failed = summary[learned_flags(summary).eq(False)]
     if not len(failed):
         return []
-    return [{"quantity": "runs that did not learn (final test accuracy within 5 points of chance; kept in the CSVs)",
+    return [{"quantity": f"runs that did not learn (final test accuracy {NEAR_CHANCE}; kept in the CSVs)",
              "reproduced": f"{len(failed)} of {len(summary)}: {', '.join(failed['run'])}", "paper": ""}]  # fmt: skip
 
 

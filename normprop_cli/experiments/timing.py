@@ -7,8 +7,10 @@ of the others' `train_seconds` (the training pass alone, no evaluation) is the m
 
 timing.csv   method, device, host, runs, epochs_timed, median_epoch_seconds, images_per_second,
              ratio_vs_batchnorm, ratio_vs_none, paper_seconds, paper_ratio_vs_batchnorm
-summary.csv  one row per run: engine columns + median_train_seconds, images_per_second
-timing.png/.pdf  seconds per epoch beside the paper's (GTX Titan X), and the ratio to BatchNorm
+summary.csv  one row per run: engine columns + initial_lr, batch_size, epochs_timed, median_train_seconds,
+             images_per_second
+timing.png/.pdf  seconds per epoch beside the paper's (experiment.paper_seconds, on experiment.paper_device),
+             and the ratio to BatchNorm
 """
 
 from __future__ import annotations
@@ -21,17 +23,27 @@ from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.experiments import results
-from normprop_cli.experiments.results import run_row, write_summary
 
 COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
            "images_per_second", "ratio_vs_batchnorm", "ratio_vs_none", "paper_seconds",
            "paper_ratio_vs_batchnorm"]  # fmt: skip
+SETTINGS = {"initial_lr": "train.lr", "batch_size": "train.batch_size"}
 
 
 def timed(epochs: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """The epochs after the warm-up; all of them when there is nothing after it (e.g. one epoch)."""
     later = epochs[epochs["epoch"] > warmup]
     return later if len(later) else epochs
+
+
+def run_timing(epochs: pd.DataFrame, run: str, warmup: int) -> dict:
+    """A run's summary columns: its timed epochs, their median training seconds and images per second."""
+    m = results.of_run(epochs, run)
+    if not len(m):
+        return {}
+    t = timed(m, warmup)
+    return {"epochs_timed": len(t), "median_train_seconds": t["train_seconds"].median(),
+            "images_per_second": t["images_per_second"].median()}  # fmt: skip
 
 
 def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict) -> pd.DataFrame:
@@ -79,24 +91,16 @@ def run(cfg: DictConfig) -> Path:
     warmup = int(cfg.experiment.warmup_epochs)
     paper = dict(cfg.experiment.paper_seconds)
     results.write(cfg, "timing", timing_table(epochs, warmup, paper))
-    rows = []
-    for spec, manifest in zip(specs, manifests, strict=True):
-        row = run_row(spec, manifest) | {
-            "initial_lr": spec.cfg.train.lr,
-            "batch_size": spec.cfg.train.batch_size,
-        }
-        m = results.of_run(epochs, spec.name)
-        if len(m):
-            t = timed(m, warmup)
-            row |= {
-                "epochs_timed": len(t),
-                "median_train_seconds": t["train_seconds"].median(),
-                "images_per_second": t["images_per_second"].median(),
-            }
-        rows.append(row)
-    out = write_summary(cfg, rows)
+    out = results.summarise(
+        cfg, specs, manifests, lambda spec: results.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
+    )
     plot(cfg)
     return out
+
+
+def paper_source(cfg: DictConfig) -> str:
+    """Where the paper's seconds were measured: experiment.paper_device, on CIFAR-10."""
+    return f"{cfg.experiment.paper_device}, CIFAR-10"
 
 
 def paired_bars(ax, table: pd.DataFrame, mine: str, paper: str, mine_label: str, paper_label: str) -> None:
@@ -116,7 +120,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     names = [results.method_label(m) for m in table["method"]]
     device = ", ".join(table["device"].astype(str).unique())
     paired_bars(ax, table, "median_epoch_seconds", "paper_seconds", f"reproduced ({device})",
-                "paper (GTX Titan X, CIFAR-10)")  # fmt: skip
+                f"paper ({paper_source(cfg)})")  # fmt: skip
     for i, (mine, paper) in enumerate(zip(table["median_epoch_seconds"], table["paper_seconds"], strict=True)):
         ax.annotate(f"{mine:.3g}", (i - 0.2, mine), ha="center", va="bottom", fontsize=7)
         if math.isfinite(paper):
@@ -127,7 +131,9 @@ def plot(cfg: DictConfig) -> list[Path]:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("seconds per training epoch (median)")
     ax.legend(frameon=False, fontsize=7)
-    paired_bars(rel, table, "ratio_vs_batchnorm", "paper_ratio_vs_batchnorm", "reproduced", "paper (84 / 96 = 0.875)")
+    seconds = cfg.experiment.paper_seconds
+    paper_ratio = f"paper ({seconds.normprop:g} / {seconds.batchnorm:g} = {seconds.normprop / seconds.batchnorm:.3f})"
+    paired_bars(rel, table, "ratio_vs_batchnorm", "paper_ratio_vs_batchnorm", "reproduced", paper_ratio)
     rel.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
     rel.set_xticks(list(x), names)
     rel.set_ylabel("epoch time / BatchNorm's")
@@ -138,11 +144,11 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Seconds per epoch of NormProp and BN, and their ratio, beside the paper's 84, 96, 0.875: a GPU's
-    seconds on CIFAR-10, labelled not comparable unless this sweep ran on CUDA with CIFAR-10."""
+    """Seconds per epoch of NormProp and BN, and their ratio, beside the paper's (experiment.paper_seconds):
+    a GPU's seconds on CIFAR-10, labelled not comparable unless this sweep ran on CUDA with CIFAR-10."""
     table = results.read(cfg, "timing").set_index("method")
     comparable = cfg.dataset.name == "cifar10" and table["device"].astype(str).str.startswith("cuda").all()
-    note = "" if comparable else f" (GTX Titan X, CIFAR-10; not comparable with {cfg.dataset.name} on this device)"
+    note = "" if comparable else f" ({paper_source(cfg)}; not comparable with {cfg.dataset.name} on this device)"
     rows = []
     for method, r in table.iterrows():
         paper = r["paper_seconds"]

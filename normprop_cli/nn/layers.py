@@ -55,22 +55,25 @@ class NormPropLayer(nn.Module):
     compiler handle.
     """
 
-    def __init__(self, out_features: int, activation: str | None, jacobian: str, prelu_init: float) -> None:
+    def __init__(
+        self, out_features: int, activation: str | None, jacobian: str, prelu_init: float, device=None, dtype=None
+    ) -> None:
         super().__init__()
+        factory = {"device": device, "dtype": dtype}
         if jacobian not in JACOBIAN_MODES:
             raise ValueError(f"jacobian must be one of {JACOBIAN_MODES}, got {jacobian!r}")
         self.activation = "identity" if activation is None else activation
         self.jacobian = jacobian
         self.prelu_init = prelu_init
         if self.activation == "prelu":
-            self.slope = nn.Parameter(torch.full((1,), float(prelu_init)))
+            self.slope = nn.Parameter(torch.full((1,), float(prelu_init), **factory))
             self._init_factor = float(prelu_stats(float(prelu_init)).jacobian_factor)
         else:
             self.slope = None
             self._fixed_stats = activation_stats(self.activation)  # raises on unknown names
             self._init_factor = float(self._fixed_stats.jacobian_factor)
-        self.gamma = nn.Parameter(torch.empty(out_features))
-        self.beta = nn.Parameter(torch.empty(out_features))
+        self.gamma = nn.Parameter(torch.empty(out_features, **factory))
+        self.beta = nn.Parameter(torch.empty(out_features, **factory))
         self.folded_path = self.activation in ("relu", "identity")
         self._consts: dict = {}
         if self.activation == "relu":  # the clamp of eq. 11 folded: max(., -c2/c1)
@@ -161,46 +164,82 @@ class NormPropLayer(nn.Module):
 
 
 class NormPropConv2d(NormPropLayer):
-    """Convolution with NormProp, eq. 11; ||W_i||_F over each filter (in x kh x kw)."""
+    """Convolution with NormProp, eq. 11; ||W_i||_F over each filter (in / groups x kh x kw).
+
+    It takes nn.Conv2d's arguments (as timm's StdConv2d does), then NormProp's own by keyword.
+    `bias` is beta_i of eq. 11, which NormProp always learns; padding is zero padding."""
 
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
         kernel_size: int | tuple[int, int],
-        stride: int = 1,
-        padding: int = 0,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+        *,
         activation: str | None = "relu",
         jacobian: str = "divide",
         prelu_init: float = 0.25,
     ) -> None:
-        super().__init__(out_channels, activation, jacobian, prelu_init)
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding = (kh, kw), stride, padding
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kh, kw))
+        if not bias:
+            raise ValueError("NormPropConv2d learns beta_i, its bias (eq. 11): bias=False is not NormProp")
+        if padding_mode != "zeros":
+            raise ValueError(f"NormPropConv2d pads with zeros; padding_mode={padding_mode!r} is not supported")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"in_channels and out_channels must be divisible by groups={groups}")
+        factory = {"device": device, "dtype": dtype}
+        super().__init__(out_channels, activation, jacobian, prelu_init, **factory)
+        kh, kw = _pair(kernel_size)
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.dilation = (kh, kw), _pair(stride), _pair(dilation)
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            if self.stride != (1, 1):
+                raise ValueError("padding='same' needs stride 1, as in nn.Conv2d")
+            total = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size, strict=True)]
+            if any(t % 2 for t in total):
+                raise ValueError("padding='same' needs an odd dilated kernel here; give the padding in numbers")
+            padding = tuple(t // 2 for t in total)
+        self.padding = _pair(padding)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, kh, kw, **factory))
         self.reset_parameters()
 
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return F.conv2d(x, weight, bias, self.stride, self.padding)
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
-        s, p = (self.stride,) * 2, (self.padding,) * 2
         bias = [self.out_channels] if need_bias else None
         return torch.ops.aten.convolution_backward(
-            g, x, weight, bias, s, p, (1, 1), False, (0, 0), 1, (need_x, True, need_bias)
-        )
+            g, x, weight, bias, self.stride, self.padding, self.dilation, False, (0, 0), self.groups,
+            (need_x, True, need_bias),
+        )  # fmt: skip
 
     def _out_numel(self, x: Tensor) -> int:
-        (kh, kw), p, s = self.kernel_size, self.padding, self.stride
-        h, w = (x.shape[-2] + 2 * p - kh) // s + 1, (x.shape[-1] + 2 * p - kw) // s + 1
+        geometry = zip(x.shape[-2:], self.kernel_size, self.stride, self.padding, self.dilation, strict=True)
+        h, w = ((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in geometry)
         return x.shape[0] * self.out_channels * h * w
 
     def extra_repr(self) -> str:
+        options = "".join(
+            f", {name}={value}"
+            for name, value, default in (("dilation", self.dilation, (1, 1)), ("groups", self.groups, 1))
+            if value != default
+        )
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, padding={self.padding}, {super().extra_repr()}"
+            f"stride={self.stride}, padding={self.padding}{options}, {super().extra_repr()}"
         )
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 class NormPropLinear(NormPropLayer):

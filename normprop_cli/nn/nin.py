@@ -5,15 +5,19 @@ C(192,1,1,0)-C(192,5,1,0)-C(192,1,1,2)-C(K,1,1,0)-P(8,8,0,avg), on 32x32 inputs
 (spatial 32 -> 16 -> 8 -> 4 -> 8 -> 1). Pooling is not re-normalised (section 3.2).
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 
 from torch import Tensor, nn
 
 from . import normalizers as nz
-from .layers import NormPropConv2d, NormPropLayer, fold
+from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer, fold
+from .methods import BATCH_STATISTICS
 from .normalizers import activation_module, glorot_conv
+from .stats import ACTIVATIONS, PARAMETRIC
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
 ARCHITECTURE = (
@@ -85,38 +89,78 @@ def register_norm(
     NORMS[name] = Norm(block, classifier, activations)
 
 
-def option_problem(norm: str, activation: str, data_init: bool = False) -> str | None:
-    """Why a known norm cannot be built with these options (in the config's keys), or None."""
-    takes = NORMS[norm].activations
-    if takes is not None and activation not in takes:
-        return f"model.norm={norm} takes model.activation={' or '.join(takes)}, not {activation}"
-    if data_init and norm != "weightnorm":
-        return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
-    return None
+@dataclass(frozen=True)
+class NINConfig:
+    """The NIN's options, conf/model/nin.yaml typed (as nanoGPT's GPTConfig): what `NIN` builds."""
+
+    norm: str = "normprop"  # a member of NORMS
+    width: float = 1.0  # scales the hidden widths; 1.0 is the paper's
+    activation: str = "relu"  # stats.ACTIVATIONS, or prelu (section 4.6)
+    jacobian: str = "divide"  # layers.JACOBIAN_MODES: divide (ICML eq. 11) | init (arXiv) | off
+    renorm: dict = field(default_factory=dict)  # Batch Renormalization's limits (norm=batchrenorm)
+    data_init: bool = False  # weightnorm: Salimans and Kingma's data-dependent initialisation
+
+    @classmethod
+    def from_dict(cls, options: dict) -> NINConfig:
+        """From the model's YAML (without `arch`); an unknown option is a ValueError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"model.{unknown[0]} is not a NIN option; known: {', '.join(sorted(known))}")
+        return cls(**options)
+
+    def problem(self) -> str | None:
+        """Why this config cannot be built (in the config's keys), or None; the registries decide."""
+        for key, value, known in (
+            ("norm", self.norm, tuple(NORMS)),
+            ("jacobian", self.jacobian, JACOBIAN_MODES),
+            ("activation", self.activation, (*ACTIVATIONS, *PARAMETRIC)),
+        ):
+            if value not in known:
+                return f"model.{key}={value} is not known; use one of {', '.join(known)}"
+        if not self.width > 0:
+            return f"model.width must be positive, got {self.width}"
+        takes = NORMS[self.norm].activations
+        if takes is not None and self.activation not in takes:
+            return f"model.norm={self.norm} takes model.activation={' or '.join(takes)}, not {self.activation}"
+        if self.data_init and self.norm != "weightnorm":
+            return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
+        return None
+
+
+def feature_sizes(image_size: int = 32) -> list[tuple[str, int]]:
+    """(layer kind, spatial size of its output) through ARCHITECTURE for square inputs."""
+    out, size = [], image_size
+    for kind, *spec in ARCHITECTURE:
+        _, kernel, stride, pad = spec if kind == "C" else (None, *spec[:3])
+        size = (size + 2 * pad - kernel) // stride + 1
+        out.append((kind, size))
+    return out
+
+
+def values_per_channel(norm: str, batch_size: int, image_size: int = 32) -> int | None:
+    """The fewest values a batch-statistics layer (BN, BRN) normalises per channel in a training
+    step: the batch times the smallest spatial size of a hidden conv's output; None for the norms
+    that use no batch statistics. Under 2 there is no variance to normalise by."""
+    if norm not in BATCH_STATISTICS:
+        return None
+    hidden = [size for kind, size in feature_sizes(image_size) if kind == "C"][:-1]  # the classifier has no BN
+    return batch_size * min(size * size for size in hidden)
 
 
 class NIN(nn.Module):
     """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32]."""
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        in_channels: int = 3,
-        norm: str = "normprop",
-        width: float = 1.0,
-        activation: str = "relu",
-        jacobian: str = "divide",
-        renorm: dict | None = None,
-        data_init: bool = False,
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, config: NINConfig | None = None, **options) -> None:
+        """`config` (default NINConfig()) with `options` replacing its fields, e.g. NIN(norm="batchnorm")."""
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"unknown norm {norm!r}; known: {', '.join(sorted(NORMS))}")
-        factories = NORMS[norm]
-        problem = option_problem(norm, activation, data_init)
+        config = replace(config or NINConfig(), **options)
+        problem = config.problem()
         if problem:
             raise ValueError(problem)
-        options = {"activation": activation, "jacobian": jacobian, "width": width, "renorm": dict(renorm or {})}
+        factories, width, norm = NORMS[config.norm], config.width, config.norm
+        options = {"activation": config.activation, "jacobian": config.jacobian, "width": width,
+                   "renorm": dict(config.renorm)}  # fmt: skip
         layers, channels, n_conv, n_pool = [], in_channels, 0, 0
         for kind, *spec in ARCHITECTURE:
             if kind == "P":
@@ -136,8 +180,8 @@ class NIN(nn.Module):
             layers.append((f"conv{n_conv}", conv))
             channels = filters
         self.features = nn.Sequential(OrderedDict(layers))
-        self.norm, self.num_classes, self.activation = norm, num_classes, activation
-        self.data_init = bool(data_init)  # weightnorm: Salimans and Kingma's initialisation, `initialize`
+        self.config, self.norm, self.num_classes, self.activation = config, norm, num_classes, config.activation
+        self.data_init = config.data_init  # weightnorm: Salimans and Kingma's initialisation, `initialize`
         self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]
 
     def initialize(self, x: Tensor) -> None:

@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from normprop_cli import device as devices
-from normprop_cli.bench import (
-    COLUMNS,
-    EPOCH_COLUMNS,
-    PRECISIONS,
-    build_step,
-    choose_methods,
-    choose_precisions,
-    denormals_flushed,
-    run_bench,
-)
+from normprop_cli.bench import PRECISIONS, bench_data, choose_methods, choose_precisions, run_bench
+from normprop_cli.bench_timing import COLUMNS, EPOCH_COLUMNS, build_step, denormals_flushed
 from normprop_cli.engine.step import PHASES, StepOptions
 from normprop_cli.nn.methods import METHODS
 
@@ -122,12 +114,11 @@ def test_every_method_steps_side_by_side(tmp_path):
 def test_a_method_steps_with_its_model_options():
     """norm and NormProp's jacobian from METHODS; the unit-norm constraint for NormProp alone."""
     from normprop_cli import config
-    from normprop_cli.engine.job import load_data
     from normprop_cli.nn.layers import NormPropLayer
 
     cpu = torch.device("cpu")
     cfg = config.load("table1", preset="smoke")
-    data = load_data(cfg, cpu)
+    data = bench_data(cfg, cpu)
     for method, options in METHODS.items():
         step = build_step(cfg, data, cpu, method, StepOptions())
         assert step.model.norm == options["norm"] and step.constrain == (options["norm"] == "normprop"), method

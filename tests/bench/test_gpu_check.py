@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli import bench, config, gpu_check
+from normprop_cli import bench, bench_timing, config, gpu_check
 
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run make gpu-check")
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_the_pipeline_on_the_cpu_writes_every_file(tmp_path, monkeypatch):
     assert code == 1
     assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.md", "bench.csv", "cuda_tests.txt", "epochs.csv"]
     steps = pd.read_csv(out / "bench.csv")
-    assert list(steps.columns) == bench.COLUMNS and list(steps["method"]) == list(methods)
+    assert list(steps.columns) == bench_timing.COLUMNS and list(steps["method"]) == list(methods)
     assert set(steps["options"]) == {"plain"} and steps["finite"].all()
     epochs = pd.read_csv(out / "epochs.csv")
     assert list(epochs["method"]) == list(methods) and (epochs["batch_size"] == 50).all()

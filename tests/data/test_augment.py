@@ -1,66 +1,43 @@
-"""Batches as seeded index slices and horizontal flips on the device."""
+"""Augmentation on the device: an epoch's draws (flip masks, shifts) and each batch's slice of them."""
 
 import pytest
 import torch
 
-from normprop_cli.data import epoch_batches, flip_batch, flip_mask
-from normprop_cli.data.augment import augment_batch, translate_batch
+from normprop_cli.data import augment_batch, draw_augmentation, flip_mask
+from normprop_cli.data.augment import translate_batch
 
 
 def images(n=16):
     return torch.randint(0, 256, (n, 3, 32, 32), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
 
 
-def test_flip_batch_flips_exactly_the_masked_images():
+def test_a_flip_mask_flips_exactly_the_masked_images():
     x = images()
     mask = torch.zeros(len(x), dtype=torch.bool)
     mask[[0, 3, 7, 8]] = True
-    out = flip_batch(x, mask)
+    out = augment_batch(x, mask)
     assert out.dtype == torch.uint8 and out.shape == x.shape
     assert torch.equal(out[mask], x[mask].flip(-1))  # left-right: the width axis
     assert torch.equal(out[mask][:, :, :, 0], x[mask][:, :, :, -1])
     assert torch.equal(out[~mask], x[~mask])
     assert torch.equal(x, images())  # the input is untouched
+    assert augment_batch(x, None) is x  # no augmentation
 
 
-def test_flip_batch_is_reproducible_from_the_generator_seed():
-    x = images(64)
-    a = flip_batch(x, torch.Generator().manual_seed(5))
-    b = flip_batch(x, torch.Generator().manual_seed(5))
-    assert torch.equal(a, b)
-    mask = flip_mask(64, torch.Generator().manual_seed(5))
-    assert torch.equal(a, flip_batch(x, mask))
-    assert 0 < mask.sum() < 64
+def test_flips_are_reproducible_from_the_generator_seed():
+    a = draw_augmentation("flip", 64, torch.Generator().manual_seed(5))
+    assert a.dtype == torch.bool and torch.equal(a, flip_mask(64, torch.Generator().manual_seed(5)))
+    assert 0 < a.sum() < 64
     many = flip_mask(10_000, torch.Generator().manual_seed(0))
     assert 0.45 < many.float().mean() < 0.55  # a random half
+    assert draw_augmentation("none", 64, torch.Generator()) is None
+    with pytest.raises(ValueError, match="flip, translate, none"):
+        draw_augmentation("rotate", 64, torch.Generator())
 
 
-def test_flip_batch_rejects_a_mask_of_the_wrong_size():
+def test_a_flip_mask_of_the_wrong_size_is_refused():
     with pytest.raises(ValueError):
-        flip_batch(images(4), torch.ones(3, dtype=torch.bool))
-
-
-def test_epoch_batches_cover_every_example_once():
-    g = torch.Generator().manual_seed(0)
-    batches = epoch_batches(103, 10, g)
-    assert [len(b) for b in batches] == [10] * 10 + [3]
-    assert torch.equal(torch.cat(batches).sort().values, torch.arange(103))
-    assert [len(b) for b in epoch_batches(103, 10, g, drop_last=True)] == [10] * 10
-    assert epoch_batches(5, 1, g, device="cpu")[0].device.type == "cpu"
-
-
-def test_epoch_batches_are_seeded_and_resumable():
-    first = epoch_batches(50, 8, torch.Generator().manual_seed(3))
-    again = epoch_batches(50, 8, torch.Generator().manual_seed(3))
-    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
-    g = torch.Generator().manual_seed(3)
-    epoch_batches(50, 8, g)
-    state = g.get_state()
-    second = epoch_batches(50, 8, g)
-    assert not torch.equal(torch.cat(second), torch.cat(first))  # a new order each epoch
-    resumed = torch.Generator()
-    resumed.set_state(state)
-    assert torch.equal(torch.cat(epoch_batches(50, 8, resumed)), torch.cat(second))
+        augment_batch(images(4), torch.ones(3, dtype=torch.bool))
 
 
 def test_translate_batch_moves_each_image_by_its_shift_with_zero_fill():

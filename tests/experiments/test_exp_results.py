@@ -1,14 +1,18 @@
 """What Figs. 3 and 4 draw: the mean over seeds and its 95% t-interval; the experiment YAMLs."""
 
+import inspect
 import math
+import re
+from collections.abc import Mapping
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from normprop_cli import config
-from normprop_cli.experiments import results
+from normprop_cli.experiments import results, runner
 
-TRAINING = ["data-norm", "covariate-shift", "convergence", "batch-size", "timing"]
+TRAINING = ["data-norm", "covariate-shift", "convergence", "batch-size", "table1", "timing"]
 
 
 def test_interval_of_a_known_sample():
@@ -24,6 +28,28 @@ def test_one_seed_has_no_interval_and_nonfinite_values_are_left_out():
     assert one["n"] == 1 and one["mean"] == 5.0
     assert math.isnan(one["ci_low"]) and math.isnan(one["ci_high"])
     assert results.mean_ci([1.0, float("nan"), 3.0])["n"] == 2
+
+
+def test_an_interval_is_written_from_mean_ci_or_from_a_curve_row():
+    ci = results.mean_ci([1.0, 2.0, 3.0])
+    assert results.format_mean_ci(ci) == results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"])
+    assert results.format_mean_ci(pd.Series({"mean": 5.0, "ci_low": math.nan, "ci_high": math.nan}), 3) == "5.000"
+
+
+def published(node) -> list[float]:
+    """Every number under a YAML mapping (the paper's values of an experiment)."""
+    if isinstance(node, Mapping):
+        return [x for value in node.values() for x in published(value)]
+    return [node] if isinstance(node, int | float) and not isinstance(node, bool) else []
+
+
+@pytest.mark.parametrize("experiment", ["data-norm", "covariate-shift", "table1", "timing"])
+def test_the_papers_numbers_live_in_the_yaml_alone(experiment):
+    """The runner reads the paper's published numbers from experiment.paper_*; its code restates none."""
+    paper = OmegaConf.to_container(config.load(experiment).experiment)
+    numbers = published({k: v for k, v in paper.items() if k.startswith("paper_")})
+    source = inspect.getsource(runner(experiment))
+    assert numbers and not [x for x in numbers if re.search(rf"(?<![\d.]){re.escape(f'{x:g}')}(?!\.?\d)", source)]
 
 
 def test_curves_are_per_setting_and_epoch():

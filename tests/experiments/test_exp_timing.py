@@ -50,8 +50,11 @@ def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
 
 
 def test_headlines_put_the_ratio_beside_the_papers(results):
-    rows = timing.headlines(config.load("timing", preset="smoke", results_dir=str(results)))
+    cfg = config.load("timing", preset="smoke", results_dir=str(results))
+    rows = timing.headlines(cfg)
     ratio = [r for r in rows if r["quantity"] == "epoch time ratio NormProp / BatchNorm"]
     # SPEC §6.1: a CPU's seconds on synthetic data are not the paper's GPU seconds on CIFAR-10
-    assert len(ratio) == 1 and ratio[0]["paper"].startswith("0.875 (GTX Titan X, CIFAR-10; not comparable")
-    assert any(r["paper"].startswith("84 (GTX Titan X") for r in rows)
+    seconds, where = cfg.experiment.paper_seconds, f"{cfg.experiment.paper_device}, CIFAR-10"
+    assert cfg.experiment.paper_device == "GTX Titan X"
+    assert len(ratio) == 1 and ratio[0]["paper"].startswith(f"{seconds.normprop / seconds.batchnorm:.3f} ({where}; not")
+    assert any(r["paper"].startswith(f"{seconds.normprop} ({where}") for r in rows)

@@ -3,6 +3,7 @@ computes the reference eq. 11 (`reference_forward`), forward and gradients, to f
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear, reference_forward
@@ -153,3 +154,18 @@ def test_gradients_accumulate_like_any_module():
     layer(x).sum().backward()
     torch.testing.assert_close(layer.weight.grad, 2 * once)
     assert isinstance(layer, nn.Module)
+
+
+@pytest.mark.parametrize("on_output", [False, True])
+@pytest.mark.parametrize("activation", ["relu", None, "tanh"])
+def test_dilated_grouped_conv_equals_eq_11_in_float64(on_output, activation, monkeypatch):
+    """nn.Conv2d's dilation and groups, through the written-out backward (relu, classifier) and autograd."""
+    layer = NormPropConv2d(4, 6, 3, (2, 1), (2, 1), dilation=(2, 1), groups=2, activation=activation)
+    layer = randomised(layer).double()
+    assert layer.weight.shape == (6, 2, 3, 3)
+    monkeypatch.setattr(layer, "scales_output", lambda x: on_output)
+    x = torch.randn(3, 4, 9, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    expected = F.conv2d(x, layer.weight, None, (2, 1), (2, 1), (2, 1), 2)
+    assert layer._op(x, layer.weight, None).shape == expected.shape
+    assert layer._out_numel(x) == expected.numel()
+    assert_matches_reference(layer, x, rtol=1e-10, atol=1e-10)

@@ -220,3 +220,19 @@ def test_constrain_unit_norm_keeps_the_function():
 def test_dtype_follows_the_module():
     layer = NormPropConv2d(2, 3, 3, activation="prelu").to(torch.float64)
     assert layer(torch.randn(1, 2, 5, 5, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_conv_takes_nn_conv2d_arguments_then_normprops_by_keyword():
+    """As timm's StdConv2d: nn.Conv2d's parameters, in order, then NormProp's own, keyword-only."""
+    import inspect
+
+    ours = list(inspect.signature(NormPropConv2d).parameters.values())
+    theirs = list(inspect.signature(nn.Conv2d).parameters.values())
+    assert [(p.name, p.default) for p in ours[: len(theirs)]] == [(p.name, p.default) for p in theirs]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs) :])
+    layer = NormPropConv2d(3, 4, 5, 1, "same", device="cpu", dtype=torch.float64)
+    assert layer.padding == (2, 2) and layer.weight.dtype == layer.gamma.dtype == torch.float64
+    assert layer(torch.randn(2, 3, 6, 6, dtype=torch.float64)).shape == (2, 4, 6, 6)
+    for bad in ({"bias": False}, {"padding_mode": "reflect"}, {"groups": 2}):
+        with pytest.raises(ValueError):
+            NormPropConv2d(3, 4, 3, **bad)

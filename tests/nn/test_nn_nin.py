@@ -109,5 +109,38 @@ def test_register_norm_and_unknown_norm():
         assert isinstance(model.hidden_layers()[0][1], nn.GELU)
     finally:
         NORMS.pop("gelu-plain", None)
-    with pytest.raises(ValueError, match="unknown norm"):
+    with pytest.raises(ValueError, match="model.norm=no-such-norm is not known"):
         NIN(10, norm="no-such-norm")
+
+
+def test_feature_sizes_are_the_forward_pass_sizes():
+    from normprop_cli.nn.nin import feature_sizes
+
+    model, seen = NIN(10, norm="batchnorm", width=0.0625), []
+    for layer in model.features:
+        layer.register_forward_hook(lambda m, i, o: seen.append(o.shape[-1]))
+    model(torch.randn(2, 3, 32, 32))
+    assert seen == [size for _, size in feature_sizes(32)]
+
+
+def test_values_per_channel_of_batch_statistics_layers():
+    """BN and BRN normalise a hidden conv's output over the batch and its positions; the smallest is
+    the 4x4 output of the 5x5 conv without padding. Batch-independent norms have no such count."""
+    from normprop_cli.nn.nin import values_per_channel
+
+    assert values_per_channel("batchnorm", 1) == 16
+    assert values_per_channel("batchrenorm", 3) == 48
+    assert values_per_channel("groupnorm", 1) is None and values_per_channel("normprop", 1) is None
+
+
+def test_nin_config_is_typed_and_refuses_unknown_options():
+    from normprop_cli.nn.nin import NINConfig
+
+    config = NINConfig.from_dict({"norm": "batchnorm", "width": 0.25})
+    model = NIN(10, config=config, activation="tanh")  # keywords replace fields of the config
+    assert model.config == NINConfig(norm="batchnorm", width=0.25, activation="tanh")
+    with pytest.raises(ValueError, match="model.depth is not a NIN option"):
+        NINConfig.from_dict({"depth": 9})
+    assert NINConfig(norm="frn", activation="tanh").problem() == (
+        "model.norm=frn takes model.activation=relu, not tanh"
+    )

@@ -1,0 +1,200 @@
+"""What `normprop bench` and `normprop gpu-check` time: the methods' steps side by side, and whole
+epochs through the trainer. Every step is timed by its own clock (engine.step.StepClock), which
+synchronises the device as a step starts and ends; bench.py says what the tables mean."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import statistics
+import time
+
+import pandas as pd
+import torch
+
+from normprop_cli import device as devices
+from normprop_cli.engine.step import PHASES, StepClock, StepOptions, make_optimizer, make_step
+from normprop_cli.nn.methods import METHODS
+
+COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
+           "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
+           *(f"{p}_ms_median" for p in PHASES), "flush_denormal", "load_average", "finite"]  # fmt: skip
+EPOCH_COLUMNS = ["method", "width", "batch_size", "precision", "device", "epochs", "epoch_s", "train_s",
+                 "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
+OPTIONS = tuple(f.name for f in dataclasses.fields(StepOptions))
+
+
+def describe(options: StepOptions) -> str:
+    """How a step runs, but for its precision (amp: the `precision` column)."""
+    return "+".join(k for k in OPTIONS if k != "amp" and getattr(options, k)) or "plain"
+
+
+def method_cfg(cfg, method: str):
+    """`cfg` with METHODS[method]'s model options (norm, NormProp's jacobian) and its learning rate."""
+    cfg = copy.deepcopy(cfg)
+    for key, value in METHODS[method].items():
+        cfg.model[key] = value
+    if method == "none":
+        cfg.train.lr = 1e-4  # section 5.2: larger rates diverge
+    return cfg
+
+
+def build_step(cfg, data, dev, method, options):
+    """`method`'s model (METHODS' options), SGD and step, the unit-norm constraint where norm is normprop."""
+    from normprop_cli.engine.trainer import build_model
+
+    cfg = method_cfg(cfg, method)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, data).to(dev)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = make_optimizer(model, cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay, dev)
+    return make_step(model, torch.nn.Identity(), opt, cfg.model.norm == "normprop", options)
+
+
+def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions], methods=tuple(METHODS),
+               steps=None, warmup=2, budget_s=30.0) -> pd.DataFrame:  # fmt: skip
+    """COLUMNS' rows: every width x batch size x (precision: options) of `runs`, `methods` side by side."""
+    rows = []
+    for width in widths:
+        for bs in batch_sizes:
+            for p, opts in runs.items():
+                times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts, methods)
+                rows += _rows(times, phases, finite, width, bs, p, dev, opts)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
+               methods=tuple(METHODS)):  # fmt: skip
+    """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
+    steps only, see StepClock; else empty); {method: whether every loss of its steps was finite}."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.width = width
+    x, y = _batches(data, cfg, dev, batch_size)
+    runs = {m: build_step(cfg, data, dev, m, options) for m in methods}
+    clocks = {m: StepClock(dev) for m in methods}
+    for m, run in runs.items():
+        run.clock = clocks[m]
+    losses = {m: [] for m in methods}
+    order = list(methods)
+    rounds, r = (steps or 5) + warmup, 0
+    while r < rounds:
+        for m in order:
+            loss, _ = runs[m](x[r % len(x)], y[r % len(x)])
+            losses[m].append(loss)
+        order = order[1:] + order[:1]  # rotate: no method is always first after another
+        r += 1
+        if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget
+            per_round = sum(c.steps[-1] for c in clocks.values()) / 1e3
+            rounds = warmup + min(200, max(5, int(budget_s / max(per_round, 1e-6))))
+    finite = {m: bool(torch.isfinite(torch.stack(v)).all()) for m, v in losses.items()}
+    phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
+    return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
+
+
+def failing_methods(data, cfg, dev, options: StepOptions, methods=tuple(METHODS), width: float = 0.25,
+                    batch_size: int = 8) -> dict[str, str]:  # fmt: skip
+    """{method: its error, one line} for each method whose step fails under `options` (e.g. cannot
+    be captured in a CUDA graph); two steps each, on a small NIN."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.width = width
+    x, y = _batches(data, cfg, dev, batch_size, count=1)
+    failed = {}
+    for m in methods:
+        try:
+            step = build_step(cfg, data, dev, m, options)
+            for _ in range(2):
+                step(x[0], y[0])
+            devices.synchronize(dev)
+        except Exception as exc:  # any failure is reported beside the timings, not raised
+            failed[m] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return failed
+
+
+def _batches(data, cfg, dev, batch_size, count: int = 16):
+    """`count` batches of training digits, normalised (global, section 4.1) and on the device."""
+    from normprop_cli.data import make_data_norm
+
+    norm = make_data_norm("global", data.train.x)
+    gen = torch.Generator().manual_seed(0)
+    idx = [torch.randint(len(data.train), (batch_size,), generator=gen) for _ in range(count)]
+    idx = [i.to(dev) for i in idx]
+    return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
+
+
+def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dict]:
+    med = {m: statistics.median(t) for m, t in times.items()}
+    rows = []
+    for m, t in times.items():
+        q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
+        phase_ms = {f"{p}_ms_median": statistics.median(phases[m][p]) if phases[m].get(p) else float("nan")
+                    for p in PHASES}  # fmt: skip
+        rows.append({
+            "method": m, "batch_size": bs, "width": width, "precision": precision,
+            "device": devices.describe(dev),
+            "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
+            "step_ms_median": med[m],
+            "step_ms_p10": q[0], "step_ms_p90": q[-1],
+            "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
+            "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
+            **phase_ms,
+            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
+        })  # fmt: skip
+    return rows
+
+
+def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=tuple(METHODS)) -> pd.DataFrame:
+    """Whole epochs through the trainer (train_epoch + evaluate), the methods in turn; the steps
+    inside are timed by each run's step clock, so the rest of an epoch is measured too."""
+    from normprop_cli.engine.progress import QuietProgress
+    from normprop_cli.engine.trainer import evaluate, make_run, train_epoch
+
+    runs = {}
+    for m in methods:
+        c = method_cfg(cfg, m)
+        for key in OPTIONS:
+            c.train[key] = getattr(options, key)
+        torch.manual_seed(0)
+        runs[m] = (make_run(c, data, dev), c)
+    quiet = QuietProgress(len(methods))  # silent: train_epoch only counts steps on it
+    sums = {m: {"epoch_s": 0.0, "train_s": 0.0, "steps_s": 0.0, "eval_s": 0.0} for m in methods}
+    order = list(methods)
+    for e in range(epochs + 1):  # epoch 0 warms up
+        for m in order:
+            run, c = runs[m]
+            run.step.clock = clock = StepClock(dev)
+            t0 = time.perf_counter()
+            train_epoch(run, data, c, dev, quiet)
+            t1 = time.perf_counter()
+            evaluate(run, data, c)
+            t2 = time.perf_counter()
+            run.epoch += 1
+            if e:
+                s = sums[m]
+                s["epoch_s"] += t2 - t0
+                s["train_s"] += t1 - t0
+                s["eval_s"] += t2 - t1
+                s["steps_s"] += sum(clock.steps) / 1e3
+        order = order[1:] + order[:1]
+    rows = []
+    for m, s in sums.items():
+        epoch = s["epoch_s"]
+        rows.append({
+            "method": m, "width": float(cfg.model.width), "batch_size": int(cfg.train.batch_size),
+            "precision": "bfloat16" if options.amp else "float32", "device": devices.describe(dev), "epochs": epochs,
+            **{k: v / epochs for k, v in s.items()},
+            "outside_share": (epoch - s["steps_s"]) / epoch,
+            "data_share": (s["train_s"] - s["steps_s"]) / epoch, "eval_share": s["eval_s"] / epoch,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
+
+
+def denormals_flushed(dev: torch.device) -> bool:
+    """Whether a float32 product below 1.2e-38 comes out as 0 (flush-to-zero in effect)."""
+    tiny = torch.full((64,), 1e-30, device=dev)
+    return bool(((tiny * 1e-10) == 0).all())
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

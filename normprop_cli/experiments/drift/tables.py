@@ -1,0 +1,51 @@
+"""The CSVs as the figures and the report read them, no model needed: the rows of runs that learned,
+the (method, width) groups and their labels, and means over seeds (and layers)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from normprop_cli.experiments import results
+from normprop_cli.experiments.results import learned_flags
+
+GROUP = ["method", "width"]
+
+
+def learned_rows(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs that learned (SPEC 6.1: the others stay in the CSVs, out of the headlines)."""
+    summary = results.read(cfg, "summary")
+    if "learned" not in summary or not len(table):
+        return table
+    kept = summary.loc[learned_flags(summary).eq(True), "run"]
+    return table[table["run"].isin(kept)]
+
+
+def by_group(table: pd.DataFrame):
+    """(method, width) groups, NormProp first, narrow before wide."""
+    if not len(table):
+        return []
+    groups = table.groupby(GROUP, sort=False)
+    return sorted(groups, key=lambda g: (results.method_rank(g[0][0]), g[0][1]))
+
+
+def group_label(key, g: pd.DataFrame) -> str:
+    """A (method, width) group's name in the legends and headlines, with its number of seeds."""
+    method, width = key
+    seeds = g["seed"].nunique()
+    return f"{results.method_label(method)}, width {width:g} ({seeds} seed{'s' if seeds > 1 else ''})"
+
+
+def by_epoch(g: pd.DataFrame, column: str, layers=None) -> pd.Series:
+    """Per epoch: the mean over layers (all, or `layers`) of each seed's value, then over seeds."""
+    if layers is not None:
+        g = g[g["layer"].isin(layers)]
+    return g.groupby(["epoch", "seed"])[column].mean().groupby("epoch").mean()
+
+
+def mean_at(g: pd.DataFrame, column: str, epoch: int, layers=None) -> dict:
+    """mean_ci over seeds of each seed's mean over layers of `column` at `epoch`."""
+    g = g[g["epoch"] == epoch]
+    if layers is not None:
+        g = g[g["layer"].isin(layers)]
+    return results.mean_ci(g.groupby("seed")[column].mean())

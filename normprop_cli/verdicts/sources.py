@@ -1,0 +1,79 @@
+"""Where an experiment's results are, how they were made (preset, device, data set, config) and how
+that departs from the paper's protocol: the budget and notes of a verdict's row."""
+
+from __future__ import annotations
+
+from functools import cache, lru_cache
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from normprop_cli import config
+from normprop_cli.engine.runs import CONFIG, read_manifest
+
+
+def result_dirs(results: Path, experiment: str) -> list[Path]:
+    """Where an experiment's results are: results/theory, or results/<exp>/<dataset> per data set."""
+    base = Path(results) / experiment
+    if experiment == "theory":
+        return [base] if any(base.glob("*.csv")) else []
+    return sorted(d for d in base.glob("*") if (d / "summary.csv").exists())
+
+
+def provenance(directory: Path) -> dict:
+    """Preset, device, data set and the resolved config of one of the sweep's runs."""
+    runs = sorted((directory / "runs").glob("*/manifest.json"))
+    if not runs:
+        return {}
+    manifests = [read_manifest(r.parent) or {} for r in runs]
+    cfg = OmegaConf.load(runs[0].parent / CONFIG)
+    return {
+        "preset": manifests[0].get("preset", "?"),
+        "device": ", ".join(sorted({m.get("device", "?") for m in manifests})),
+        "runs": len(runs),
+        "dataset": manifests[0].get("dataset", directory.name),
+        "cfg": cfg,
+        "seeds": len({m.get("seed") for m in manifests}),
+    }
+
+
+@cache
+def paper_datasets(experiment: str) -> tuple[str, ...]:
+    """The data sets the paper reports `experiment` on: those of its published errors
+    (experiment.paper_test_error, table1's three), else CIFAR-10 alone (section 5)."""
+    published = config.load(experiment).experiment.get("paper_test_error") or {}
+    return tuple(published) or ("cifar10",)
+
+
+@lru_cache(maxsize=32)
+def paper_protocol(experiment: str, dataset: str) -> DictConfig:
+    """The paper preset's config of an experiment, on `dataset` where the paper used it."""
+    paper_sets = paper_datasets(experiment)
+    return config.load(experiment, preset="paper", dataset=dataset if dataset in paper_sets else paper_sets[0])
+
+
+def budget(prov: dict) -> str:
+    """Data set, preset, epochs, seeds, width, device."""
+    cfg = prov["cfg"]
+    return (
+        f"{prov['dataset']}, {prov['preset']}, {cfg.train.epochs} epochs, {plural(prov['seeds'], 'seed')}, "
+        f"width {float(cfg.model.width):g}, {prov['device']}"
+    )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def protocol_note(experiment: str, prov: dict) -> list[str]:
+    """What differs from the paper's protocol, in a few words."""
+    cfg, dataset = prov["cfg"], prov["dataset"]
+    paper = paper_protocol(experiment, dataset)
+    out = []
+    if dataset != paper.dataset.name:
+        out.append(f"{dataset}, not {paper.dataset.name}: the effect's size is not comparable with the paper's")
+    if cfg.train.epochs != paper.train.epochs:
+        out.append(f"{cfg.train.epochs} of the paper's {paper.train.epochs} epochs")
+    if float(cfg.model.width) != 1.0:
+        out.append(f"width {float(cfg.model.width):g}")
+    return out

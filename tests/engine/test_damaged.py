@@ -1,0 +1,91 @@
+"""Damaged run files: a truncated checkpoint or manifest never costs a run more than one epoch, and
+never its results silently."""
+
+import json
+
+import pandas as pd
+import torch
+
+SMOKE = ["--preset", "smoke", "--quiet"]
+TIMING = ["train_seconds", "images_per_second", "epoch_seconds"]
+ARGS = ["run", "table1", *SMOKE, "train.epochs=3", "grid=[{id: r, set: {model.norm: normprop}}]"]
+
+
+def run_path(results):
+    return results / "table1" / "synthetic" / "runs" / "r-s0"
+
+
+def truncate(file):
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, tmp_path, interrupt_at):
+    assert cli(*ARGS, "--results-dir", tmp_path / "a").exit_code == 0
+    a = run_path(tmp_path / "a")
+    assert torch.load(a / "checkpoint.prev.pt", weights_only=True)["epoch"] == 2  # the one before the last
+    assert not (a / "train.lock").exists()
+
+    # Ctrl-C in the third epoch, then the newest checkpoint (epoch 2) is cut short.
+    assert interrupt_at(10, lambda: cli(*ARGS, "--results-dir", tmp_path / "b")).exit_code == 130
+    b = run_path(tmp_path / "b")
+    assert json.loads((b / "manifest.json").read_text())["epochs_done"] == 2
+    truncate(b / "checkpoint.pt")
+    result = cli(*ARGS, "--results-dir", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if "is damaged" in line]
+    assert "r-s0" in line and "resuming from epoch 1" in line
+
+    manifest = json.loads((b / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["resumed_from_epoch"] == 1
+    metrics_a, metrics_b = (pd.read_csv(p / "metrics.csv").drop(columns=TIMING) for p in (a, b))
+    pd.testing.assert_frame_equal(metrics_a, metrics_b, check_exact=True)
+    wa, wb = (torch.load(p / "checkpoint.pt", weights_only=True)["model"] for p in (a, b))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_is_a_one_line_error(cli, interrupt_at):
+    assert interrupt_at(10, lambda: cli(*ARGS, "--results-dir", cli.results)).exit_code == 130
+    path = run_path(cli.results)
+    metrics = (path / "metrics.csv").read_text()
+    for file in path.glob("checkpoint*.pt"):
+        truncate(file)
+    result = cli(*ARGS, "--results-dir", cli.results)
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error:") and "r-s0" in line and f"delete {path}" in line
+    assert (path / "metrics.csv").read_text() == metrics and not (path / "train.lock").exists()
+
+
+def test_a_finished_run_with_a_damaged_manifest_is_rebuilt_from_its_checkpoint_not_retrained(cli):
+    assert cli(*ARGS, "--results-dir", cli.results).exit_code == 0
+    path = run_path(cli.results)
+    before = {file: file.stat().st_mtime_ns for file in path.glob("checkpoint*.pt")}
+    metrics = (path / "metrics.csv").read_text()
+    (path / "manifest.json").write_text('{"run": "r-s0", "stat')
+
+    status = cli("status", "table1", *ARGS[5:], "--preset", "smoke", "--results-dir", cli.results)
+    [row] = [line for line in status.output.splitlines() if "r-s0" in line]
+    assert "damaged" in row
+
+    result = cli(*ARGS, "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if "is damaged" in line]
+    assert "r-s0" in line and "manifest.json" in line and "epoch 3 of 3" in line
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["epochs_done"] == 3
+    assert {file: file.stat().st_mtime_ns for file in before} == before
+    assert (path / "metrics.csv").read_text() == metrics
+
+
+def test_a_damaged_manifest_without_a_checkpoint_is_a_one_line_error(cli):
+    assert cli(*ARGS, "--results-dir", cli.results).exit_code == 0
+    path = run_path(cli.results)
+    for file in path.glob("checkpoint*.pt"):
+        file.unlink()
+    metrics = (path / "metrics.csv").read_text()
+    (path / "manifest.json").write_bytes(b"\x00" * 10)
+    result = cli(*ARGS, "--results-dir", cli.results)
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "r-s0" in line and "manifest.json" in line and f"delete {path}" in line
+    assert (path / "metrics.csv").read_text() == metrics

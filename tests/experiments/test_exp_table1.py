@@ -1,0 +1,39 @@
+"""Table 1 (section 5.5): test error per method and augmentation, beside the paper's where it has one."""
+
+import pandas as pd
+import pytest
+
+from normprop_cli import config
+from normprop_cli.experiments import table1
+
+
+@pytest.fixture(scope="module")
+def results(run_experiment):
+    return run_experiment("table1", "--preset", "smoke", "--quiet", "train.epochs=1")
+
+
+def test_one_row_per_run_with_its_augmentation_and_the_papers_error(results):
+    summary = pd.read_csv(results / "table1" / "synthetic" / "summary.csv")
+    assert list(summary.columns[-2:]) == ["augment", "paper_test_error"]
+    assert summary.groupby(["method", "augment"]).size().to_dict() == {
+        (method, augment): 1 for method in ("batchnorm", "normprop") for augment in ("none", "translate")
+    }
+    assert summary["paper_test_error"].isna().all()  # the paper has no Table 1 on synthetic data
+
+
+def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
+    assert_redraws("table1", results)
+
+
+def test_headlines_put_the_papers_error_beside_labelled_as_not_comparable(results, tmp_path):
+    rows = table1.headlines(config.load("table1", preset="smoke", results_dir=str(results)))
+    finals = [r for r in rows if r["quantity"].startswith("final test error")]
+    assert len(finals) == 4 and all("95% CI, n = 1" in r["quantity"] for r in finals)
+    assert all(r["paper"] == "" for r in finals)  # no Table 1 on synthetic data
+    # digits: CIFAR-10's number (the YAML's), labelled as not comparable (SPEC §6.1)
+    published = config.load("table1").experiment.paper_test_error.cifar10.normprop.none
+    summary = pd.read_csv(results / "table1" / "synthetic" / "summary.csv")
+    (tmp_path / "table1" / "digits").mkdir(parents=True)
+    summary.assign(paper_test_error=published).to_csv(tmp_path / "table1" / "digits" / "summary.csv", index=False)
+    rows = table1.headlines(config.load("table1", preset="smoke", dataset="digits", results_dir=str(tmp_path)))
+    assert rows[0]["paper"] == f"{published} (cifar10; not comparable with digits)"

@@ -1,0 +1,110 @@
+"""The package's shape (issue 12): no import cycle among its modules, no module over 400 lines."""
+
+import ast
+from pathlib import Path
+
+import normprop_cli
+
+PACKAGE = Path(normprop_cli.__file__).parent
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports anywhere in its file, lazy imports included.
+    `from pkg import x` counts as importing pkg.x when that is a module, else pkg."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def test_the_import_graph_sees_the_packages_imports():
+    graph = package_graph()
+    assert "normprop_cli.engine.job" in graph["normprop_cli.engine.sweep"]
+    assert "normprop_cli.engine.trainer" in graph["normprop_cli.engine.job"]
+    assert "normprop_cli.nn.layers" in graph["normprop_cli.nn.nin"]  # a relative import
+
+
+def test_no_import_cycle_among_the_modules():
+    assert cycles(package_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_schedulers_do_not_import_each_other_to_train_a_run():
+    graph = package_graph()
+    assert "normprop_cli.engine.sweep" not in graph["normprop_cli.engine.parallel"]
+    assert "normprop_cli.engine.sweep" not in graph["normprop_cli.engine.launch"]
+    assert "normprop_cli.engine.launch" not in graph["normprop_cli.status"]  # status needs no submitit
+
+
+def test_nn_and_data_import_nothing_else_of_the_package():
+    for name, targets in package_graph().items():
+        for pure in ("normprop_cli.nn", "normprop_cli.data"):
+            if name == pure or name.startswith(f"{pure}."):
+                assert all(t.startswith(pure) for t in targets), (name, targets)
+
+
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}

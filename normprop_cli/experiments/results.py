@@ -1,6 +1,7 @@
-"""What the training experiments of section 5 share: a sweep's per-epoch metrics in one table,
-the mean over seeds with its 95% Student-t confidence interval (the caps of Figs. 3 and 4),
-and drawing such curves. Figures read the CSVs written here, never a model."""
+"""The experiments' shared kit: summary.csv (one row per run, from its manifest and metrics), a
+sweep's per-epoch metrics in one table, the mean over seeds with its 95% Student-t confidence
+interval (the caps of Figs. 3 and 4), and drawing such curves; reading and writing an experiment's
+CSVs and figures. Figures read the CSVs written here, never a model."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ METHOD_COLORS = {"normprop": "C0", "batchnorm": "C1", "none": "C7"}
 
 
 # ---- summary.csv: one row per run, read back from each run's manifest and metrics.csv ----------------
+
+
 def metrics(spec: RunSpec) -> pd.DataFrame:
     path = run_dir(spec.cfg, spec.name) / METRICS
     return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()

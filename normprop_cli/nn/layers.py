@@ -338,7 +338,8 @@ class _FoldedOp(torch.autograd.Function):
         else:  # u = W s
             gx, gw, db = layer._op_backward(g, x, u, need_x, True)
             ds = (gw * weight).sum(_rows(weight))
-            gw = gw.to(weight.dtype).mul_(_filters(scale, weight))
+            s = _filters(scale, weight)  # a bfloat16 G times s is float32 at once: no separate cast
+            gw = gw.mul_(s) if gw.dtype == weight.dtype else torch.mul(gw, s)
         gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
         dbeta = db.to(inv_c1.dtype) if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
         return gx, gw, dscale * ds, dbeta, None, None, None, None, None, None

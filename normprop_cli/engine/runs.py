@@ -1,7 +1,9 @@
-"""A run is one (setting, seed) of an experiment: its config, its directory, its manifest."""
+"""A run is one (setting, seed) of an experiment: its config, its directory, its manifest, its
+checkpoint (with the previous one to fall back to) and its tables."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +27,19 @@ FINISHED = ("complete", "diverged")
 DAMAGED = "damaged"  # the status read_manifest gives a manifest.json that cannot be read
 # Keys of a run's config that say what is computed; the rest (device, paths, ...) may change on resume.
 RUN_KEYS = ("experiment", "run", "seed", "dataset", "model", "train")
+METRIC_COLUMNS = [
+    "epoch",
+    "lr",
+    "train_loss",
+    "train_acc",
+    "train_seconds",
+    "images_per_second",
+    "val_loss",
+    "val_acc",
+    "test_loss",
+    "test_acc",
+    "epoch_seconds",
+]
 
 
 @dataclass
@@ -134,6 +150,56 @@ def read_manifest(path: Path) -> dict | None:
     if not isinstance(manifest, dict):
         return {"status": DAMAGED, "problem": f"a JSON {type(manifest).__name__}, not an object"}
     return manifest
+
+
+def load_checkpoint(name: str, path: Path, device: torch.device, needed: str = "") -> dict | None:
+    """The newest readable checkpoint of a run; None for a run that has none (a UserError where
+    `needed` says why one is needed). A damaged (or missing) checkpoint.pt falls back to
+    checkpoint.prev.pt, one epoch older, which becomes the newest."""
+    newest, previous = path / CHECKPOINT, path / PREVIOUS
+    if not newest.exists() and not previous.exists():
+        if needed:
+            raise UserError(f"run {name}: {needed}there is no checkpoint: delete {path} to train it from scratch")
+        return None
+    problems = []
+    for file in (newest, previous):
+        try:
+            state = torch.load(file, map_location=device, weights_only=True)
+        except FileNotFoundError:
+            problems.append(f"{file.name} is missing")
+            continue
+        except Exception as exc:  # torch.load fails on damage as RuntimeError, EOFError, OSError, UnpicklingError...
+            problems.append(f"{file.name} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})")
+            continue
+        if file == previous:
+            os.replace(previous, newest)
+            say(f"run {name}: {problems[0]}; resuming from epoch {state['epoch']} ({PREVIOUS})")
+        return state
+    raise UserError(
+        f"run {name}: {needed}{'; '.join(problems)}; nothing to resume from: delete {path} to train it from scratch"
+    )
+
+
+def write_tables(path: Path, history: list[dict], extra: dict[str, list[dict]]) -> None:
+    """metrics.csv (one row per finished epoch) and each observer's <name>.csv."""
+    io.write_csv(path / METRICS, pd.DataFrame(history, columns=METRIC_COLUMNS))
+    for name, rows in extra.items():
+        io.write_csv(path / f"{name}.csv", pd.DataFrame(rows))
+
+
+def tables_problem(path: Path, manifest: dict) -> str | None:
+    """Why a finished run's metrics.csv is not what its manifest says (missing, unreadable, not one
+    row per finished epoch), or None."""
+    try:
+        metrics = pd.read_csv(path / METRICS)
+    except FileNotFoundError:
+        return f"{METRICS} is missing"
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return f"{METRICS} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})"
+    epochs = int(manifest.get("epochs_done", 0))
+    if list(metrics.columns) != METRIC_COLUMNS or len(metrics) != epochs or metrics.isna().any().any():
+        return f"{METRICS} is damaged (not the {epochs} complete row(s) the manifest has)"
+    return None
 
 
 def check_same_config(spec: RunSpec, path: Path) -> None:

@@ -8,14 +8,12 @@ retrained exactly. A run trains under its lock (engine.lock): one process at a t
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
@@ -31,16 +29,18 @@ from normprop_cli.engine.runs import (
     DAMAGED,
     FINISHED,
     MANIFEST,
-    METRICS,
     PREVIOUS,
     RunSpec,
     check_same_config,
     commit,
+    load_checkpoint,
     now,
     read_manifest,
     run_dir,
     say,
+    tables_problem,
     versions,
+    write_tables,
 )
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
 from normprop_cli.errors import UserError
@@ -49,19 +49,6 @@ from normprop_cli.nn.nin import NINConfig
 
 MODELS = {"nin": (NIN, NINConfig)}  # arch: (model, its typed config)
 DATA_INIT_IMAGES = 256  # the batch of weight normalisation's data-dependent initialisation
-METRIC_COLUMNS = [
-    "epoch",
-    "lr",
-    "train_loss",
-    "train_acc",
-    "train_seconds",
-    "images_per_second",
-    "val_loss",
-    "val_acc",
-    "test_loss",
-    "test_acc",
-    "epoch_seconds",
-]
 
 
 class Observer(Protocol):
@@ -148,6 +135,11 @@ def _train_locked(
     cfg, t = spec.cfg, spec.cfg.train
     manifest = read_manifest(path)
     if manifest and manifest.get("status") in FINISHED:
+        problem = tables_problem(path, manifest)
+        if problem:  # a finished run's tables are rebuilt from its checkpoint, never trained again
+            state = load_checkpoint(spec.name, path, device, f"{problem}, and ")
+            write_tables(path, state["history"], state["extra"])
+            say(f"run {spec.name}: {problem}; rebuilt from {CHECKPOINT} (epoch {state['epoch']})")
         return manifest
     check_same_config(spec, path)
 
@@ -168,7 +160,7 @@ def _train_locked(
         manifest = None
     if state is not None:
         run.load(state)
-        _write_tables(path, run)  # the tables of the epoch resumed from, whatever was written after it
+        write_tables(path, run.history, run.extra)  # those of the epoch resumed from, whatever came after
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
         for o in observers:
@@ -209,42 +201,17 @@ def _train_locked(
         for o in observers:
             run.extra[o.name] += o.observe(model, eval_batches(run, data, cfg), run.epoch)
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
-        _write_tables(path, run)
+        write_tables(path, run.history, run.extra)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
         io.write_json(path / MANIFEST, manifest)
         progress.epoch(row)
     else:
         manifest["status"] = "complete"
-    _write_tables(path, run)
+    write_tables(path, run.history, run.extra)
     manifest |= {"finished": now(), "updated": now()}
     io.write_json(path / MANIFEST, manifest)
     progress.finish(manifest)
     return manifest
-
-
-def load_checkpoint(name: str, path: Path, device: torch.device) -> dict | None:
-    """The newest readable checkpoint of a run; None for a run that has none. A damaged (or missing)
-    checkpoint.pt falls back to checkpoint.prev.pt, one epoch older, which becomes the newest."""
-    newest, previous = path / CHECKPOINT, path / PREVIOUS
-    if not newest.exists() and not previous.exists():
-        return None
-    problems = []
-    for file in (newest, previous):
-        try:
-            state = torch.load(file, map_location=device, weights_only=True)
-        except FileNotFoundError:
-            problems.append(f"{file.name} is missing")
-            continue
-        except Exception as exc:  # torch.load fails on damage as RuntimeError, EOFError, OSError, UnpicklingError...
-            problems.append(f"{file.name} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})")
-            continue
-        if file == previous:
-            os.replace(previous, newest)
-            say(f"run {name}: {problems[0]}; resuming from epoch {state['epoch']} ({PREVIOUS})")
-        return state
-    raise UserError(
-        f"run {name}: {'; '.join(problems)}; nothing to resume from: delete {path} to train it from scratch"
-    )
 
 
 def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:
@@ -361,12 +328,6 @@ def evaluate(run: Run, data: Dataset, cfg: DictConfig) -> dict:
         sizes.append(max(len(part), 1))
     (vl, vc, tl, tc), (nv, nt) = torch.stack(sums).tolist(), sizes
     return {"val_loss": vl / nv, "val_acc": 100.0 * vc / nv, "test_loss": tl / nt, "test_acc": 100.0 * tc / nt}
-
-
-def _write_tables(path: Path, run: Run) -> None:
-    io.write_csv(path / METRICS, pd.DataFrame(run.history, columns=METRIC_COLUMNS))
-    for name, rows in run.extra.items():
-        io.write_csv(path / f"{name}.csv", pd.DataFrame(rows))
 
 
 def _host() -> str:

@@ -89,3 +89,32 @@ def test_a_damaged_manifest_without_a_checkpoint_is_a_one_line_error(cli):
     [line] = result.output.strip().splitlines()
     assert "r-s0" in line and "manifest.json" in line and f"delete {path}" in line
     assert (path / "metrics.csv").read_text() == metrics
+
+
+def test_a_finished_run_with_damaged_metrics_is_rebuilt_from_its_checkpoint_not_retrained(cli, tmp_path):
+    assert cli(*ARGS, "--results-dir", tmp_path).exit_code == 0
+    path = run_path(tmp_path)
+    metrics = (path / "metrics.csv").read_text()
+    manifest = (path / "manifest.json").read_text()
+    summary = tmp_path / "table1" / "synthetic" / "summary.csv"
+    before = pd.read_csv(summary)
+    truncate(path / "metrics.csv")  # a truncated table still parses: fewer rows than the manifest's epochs
+    result = cli(*ARGS, "--results-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if "metrics.csv" in line]
+    assert "r-s0" in line and "rebuilt from checkpoint.pt (epoch 3)" in line
+    assert (path / "metrics.csv").read_text() == metrics
+    assert (path / "manifest.json").read_text() == manifest  # not retrained: the same manifest
+    pd.testing.assert_frame_equal(pd.read_csv(summary), before)
+
+
+def test_damaged_metrics_without_a_checkpoint_is_a_one_line_error(cli, tmp_path):
+    assert cli(*ARGS, "--results-dir", tmp_path).exit_code == 0
+    path = run_path(tmp_path)
+    (path / "metrics.csv").write_bytes(b"\xff\xfe\x00garbage")
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        (path / name).unlink()
+    result = cli(*ARGS, "--results-dir", tmp_path)
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: run r-s0: metrics.csv is") and "delete" in line and str(path) in line

@@ -12,6 +12,7 @@ import pytest
 
 from normprop_cli import config
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.runs import METRIC_COLUMNS
 
 GRID = "grid=[{id: a, set: {model.norm: normprop}}, {id: b, set: {model.norm: batchnorm}}]"
 SMOKE = ["table1", "--preset", "smoke", "--quiet", "train.epochs=2", GRID]
@@ -145,6 +146,7 @@ def test_slurm_submits_a_job_array_of_the_runs_not_complete_and_not_running(cli,
     run_a = sweep(cli.results) / "runs" / "a-s0"
     run_a.mkdir(parents=True)
     (run_a / "manifest.json").write_text(json.dumps({"status": "complete", "epochs_done": 2, "epochs": 2}))
+    pd.DataFrame([[1.0] * len(METRIC_COLUMNS)] * 2, columns=METRIC_COLUMNS).to_csv(run_a / "metrics.csv", index=False)
     (tmp_path / "sacct.txt").write_text("4242_1|RUNNING|node7\n")
     result = cli(*args)
     assert result.exit_code == 0, result.output

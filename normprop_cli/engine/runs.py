@@ -197,7 +197,7 @@ def tables_problem(path: Path, manifest: dict) -> str | None:
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         return f"{METRICS} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})"
     epochs = int(manifest.get("epochs_done", 0))
-    if list(metrics.columns) != METRIC_COLUMNS or len(metrics) != epochs or metrics.isna().any().any():
+    if list(metrics.columns) != METRIC_COLUMNS or len(metrics) != epochs:  # a NaN loss is a result, not damage
         return f"{METRICS} is damaged (not the {epochs} complete row(s) the manifest has)"
     return None
 

@@ -118,3 +118,16 @@ def test_damaged_metrics_without_a_checkpoint_is_a_one_line_error(cli, tmp_path)
     assert result.exit_code == 2
     [line] = result.output.strip().splitlines()
     assert line.startswith("error: run r-s0: metrics.csv is") and "delete" in line and str(path) in line
+
+
+def test_a_nan_loss_in_metrics_is_not_damage(tmp_path):
+    """A run about to diverge can evaluate to a NaN loss, written as an empty cell (results/cpu has
+    one): the run is finished as it is; only a table that is not one row per epoch of the manifest is
+    damaged."""
+    from normprop_cli.engine.runs import METRIC_COLUMNS, tables_problem
+
+    rows = pd.DataFrame([[1.0] * len(METRIC_COLUMNS)] * 3, columns=METRIC_COLUMNS)
+    rows.loc[2, ["val_loss", "test_loss"]] = float("nan")
+    rows.to_csv(tmp_path / "metrics.csv", index=False)
+    assert tables_problem(tmp_path, {"status": "diverged", "epochs_done": 3}) is None
+    assert "not the 4 complete row(s)" in tables_problem(tmp_path, {"status": "complete", "epochs_done": 4})

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from normprop_cli import io
 from normprop_cli.data import DATA_NORMS, DataError, load_dataset
 from normprop_cli.data.augment import AUGMENTATIONS
-from normprop_cli.engine.runs import FINISHED, RunSpec, read_manifest, run_dir, tables_problem
+from normprop_cli.engine.runs import FINISHED, RunSpec, read_manifest, run_dir, sweep_dir, tables_problem
 from normprop_cli.engine.trainer import Observer, Progress, model_config, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn.nin import values_per_channel
@@ -91,12 +92,18 @@ def load_data(cfg: DictConfig, device):
     return data.to(device)
 
 
-def check_data(cfg: DictConfig, specs: Sequence[RunSpec]) -> None:
-    """Workers load the data set themselves: fetch it once, or fail on it, and refuse a training split
-    smaller than a batch, before any starts."""
-    data = load_data(cfg, torch.device("cpu"))
+def check_ready(cfg: DictConfig, specs: Sequence[RunSpec], data) -> None:
+    """Before any run of `specs` trains: each one's training split holds a batch, and the results
+    directory can be written."""
     for spec in specs:
         check_split(spec, data)
+    io.check_writable(sweep_dir(cfg))
+
+
+def check_data(cfg: DictConfig, specs: Sequence[RunSpec]) -> None:
+    """Workers load the data set themselves: fetch it once, or fail on it, and check_ready, before
+    any starts."""
+    check_ready(cfg, specs, load_data(cfg, torch.device("cpu")))
 
 
 def finished(spec: RunSpec) -> bool:
@@ -108,6 +115,6 @@ def finished(spec: RunSpec) -> bool:
 
 
 def train_one(spec: RunSpec, data, device, progress: Progress, observers: Sequence[Observer]) -> dict:
-    """Train one run of the grid (resuming it), on the data set `data` loaded on `device`."""
-    check_split(spec, data)
+    """Train one run of the grid (resuming it), on the data set `data` loaded on `device`; the
+    scheduler has checked it (check_ready) before any run started."""
     return train_run(spec, data, device, progress, observers)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli import config, io
+from normprop_cli import config
 from normprop_cli import device as devices
-from normprop_cli.engine.job import check_data, check_split, finished, load_data, train_one, validate
+from normprop_cli.engine.job import check_data, check_ready, finished, load_data, train_one, validate
 from normprop_cli.engine.progress import QuietProgress, make_progress
-from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir, say, sweep_dir
+from normprop_cli.engine.runs import RunSpec, read_manifest, run_dir, say
 from normprop_cli.engine.trainer import Observer
 from normprop_cli.errors import UserError
 
@@ -44,7 +44,6 @@ def run_sweep(
         from normprop_cli.engine import launch, parallel
 
         check_data(cfg, todo)
-        io.check_writable(sweep_dir(cfg))
         progress = QuietProgress(len(specs))  # one line per finished run
         for spec in specs:
             if spec.name not in pending:
@@ -59,10 +58,8 @@ def run_sweep(
 
     devices.prepare(device)
     data = load_data(cfg, device) if todo else None
-    for spec in todo:
-        check_split(spec, data)
     if todo:
-        io.check_writable(sweep_dir(cfg))
+        check_ready(cfg, todo, data)
     manifests = []
     with make_progress(len(specs), bool(cfg.quiet)) as progress:
         for spec in specs:

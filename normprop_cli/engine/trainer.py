@@ -43,7 +43,6 @@ from normprop_cli.engine.runs import (
     write_tables,
 )
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
-from normprop_cli.errors import UserError
 from normprop_cli.nn import NIN
 from normprop_cli.nn.nin import NINConfig
 
@@ -146,13 +145,10 @@ def _train_locked(
     torch.manual_seed(spec.seed)
     run = make_run(cfg, data, device, observers)
     model = run.model
-    state = load_checkpoint(spec.name, path, device)
-    if manifest and manifest.get("status") == DAMAGED:
-        if state is None:
-            raise UserError(
-                f"run {spec.name}: {MANIFEST} is damaged ({manifest['problem']}) and there is no checkpoint to "
-                f"rebuild it from; delete {path} to train the run from scratch"
-            )
+    damaged = bool(manifest) and manifest.get("status") == DAMAGED
+    needed = f"{MANIFEST} is damaged ({manifest['problem']}), and " if damaged else ""
+    state = load_checkpoint(spec.name, path, device, needed)  # a damaged manifest needs one to rebuild from
+    if damaged:
         say(
             f"run {spec.name}: {MANIFEST} is damaged ({manifest['problem']}); rebuilt from {CHECKPOINT} "
             f"(epoch {state['epoch']} of {t.epochs})"

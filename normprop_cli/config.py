@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from normprop_cli.errors import UserError
+from normprop_cli.errors import UserError, first_line
 
 GROUPS = ("experiment", "dataset", "model", "preset")
 
@@ -87,7 +87,7 @@ def _compose(overrides: list[str]) -> DictConfig:
             cfg = compose(config_name="config", overrides=overrides)
     except Exception as exc:  # Hydra's parse, missing-key and composition errors
         raise UserError(
-            f"bad override ({_first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
+            f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
         ) from None
     finally:
         GlobalHydra.instance().clear()
@@ -100,7 +100,7 @@ def _parse(overrides: list[str]) -> list[Override]:
         return OverridesParser.create().parse_overrides(overrides)
     except Exception as exc:
         raise UserError(
-            f"bad override ({_first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
+            f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
         ) from None
 
 
@@ -201,8 +201,3 @@ def _override_value(value) -> str:
         text = str(value)
         return f"'{text}'" if any(c in text for c in " ,=[]{}'\"") else text
     return str(value)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -30,7 +30,7 @@ from normprop_cli import io
 from normprop_cli.engine import parallel
 from normprop_cli.engine.progress import QuietProgress
 from normprop_cli.engine.runs import RunSpec, record_path, submitit_folder, submitted
-from normprop_cli.errors import UserError
+from normprop_cli.errors import UserError, first_line
 
 # sacct states of a job that SLURM may still run
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"}
@@ -101,7 +101,7 @@ def submit_slurm(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.O
         try:
             jobs = _slurm_executor(cfg).map_array(task, [parallel.plain(s) for s in submit])
         except (FailedJobError, FailedSubmissionError) as exc:
-            raise UserError(f"sbatch refused the job array: {_first_line(str(exc))}") from None
+            raise UserError(f"sbatch refused the job array: {first_line(exc)}") from None
         record |= {s.name: job.job_id for s, job in zip(submit, jobs, strict=True)}
         io.write_json(record_path(cfg), record)
         array = jobs[0].job_id.split("_")[0]
@@ -141,7 +141,7 @@ def _slurm_executor(cfg: DictConfig) -> submitit.SlurmExecutor:
             **{k: v for k, v in optional.items() if v is not None},
         )
     except (ValueError, TypeError) as exc:
-        raise UserError(f"bad launcher setting ({_first_line(str(exc))}); see conf/launcher/slurm.yaml") from None
+        raise UserError(f"bad launcher setting ({first_line(exc)}); see conf/launcher/slurm.yaml") from None
     return executor
 
 
@@ -181,8 +181,3 @@ def _visible_gpus() -> tuple[int, ...]:
     if mask and all(g.isdigit() for g in mask):
         return tuple(int(g) for g in mask[:count])
     return tuple(range(count))
-
-
-def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else "no message"

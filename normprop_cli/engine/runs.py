@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 import normprop_cli
 from normprop_cli import io
 from normprop_cli.engine.progress import console
-from normprop_cli.errors import UserError
+from normprop_cli.errors import UserError, first_line
 
 MANIFEST, CONFIG, METRICS, CHECKPOINT = "manifest.json", "config.yaml", "metrics.csv", "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest: what a damaged newest one falls back to
@@ -146,7 +146,7 @@ def read_manifest(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        return {"status": DAMAGED, "problem": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+        return {"status": DAMAGED, "problem": first_line(exc)}
     if not isinstance(manifest, dict):
         return {"status": DAMAGED, "problem": f"a JSON {type(manifest).__name__}, not an object"}
     return manifest
@@ -169,7 +169,7 @@ def load_checkpoint(name: str, path: Path, device: torch.device, needed: str = "
             problems.append(f"{file.name} is missing")
             continue
         except Exception as exc:  # torch.load fails on damage as RuntimeError, EOFError, OSError, UnpicklingError...
-            problems.append(f"{file.name} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})")
+            problems.append(f"{file.name} is damaged ({first_line(exc, 80)})")
             continue
         if file == previous:
             os.replace(previous, newest)
@@ -195,7 +195,7 @@ def tables_problem(path: Path, manifest: dict) -> str | None:
     except FileNotFoundError:
         return f"{METRICS} is missing"
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return f"{METRICS} is damaged ({(str(exc).splitlines() or [type(exc).__name__])[0][:80]})"
+        return f"{METRICS} is damaged ({first_line(exc, 80)})"
     epochs = int(manifest.get("epochs_done", 0))
     if list(metrics.columns) != METRIC_COLUMNS or len(metrics) != epochs:  # a NaN loss is a result, not damage
         return f"{METRICS} is damaged (not the {epochs} complete row(s) the manifest has)"

@@ -85,10 +85,8 @@ def _compose(overrides: list[str]) -> DictConfig:
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-    except Exception as exc:  # Hydra's parse, missing-key and composition errors
-        raise UserError(
-            f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
-        ) from None
+    except Exception as exc:  # Hydra's missing-key and composition errors
+        raise bad_override(exc) from None
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)
@@ -98,10 +96,12 @@ def _compose(overrides: list[str]) -> DictConfig:
 def _parse(overrides: list[str]) -> list[Override]:
     try:
         return OverridesParser.create().parse_overrides(overrides)
-    except Exception as exc:
-        raise UserError(
-            f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5"
-        ) from None
+    except Exception as exc:  # Hydra's parse errors
+        raise bad_override(exc) from None
+
+
+def bad_override(exc: Exception) -> UserError:
+    return UserError(f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5")
 
 
 KINDS = {bool: "true or false", int: "a whole number", float: "a number", list: "a list, e.g. [a,b]",

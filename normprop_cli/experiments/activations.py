@@ -175,8 +175,7 @@ def _name(activation: str) -> str:
 
 
 def _ci(values, digits: int = 2) -> str:
-    ci = results.mean_ci(values)
-    return results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+    return results.format_mean_ci(results.mean_ci(values), digits)
 
 
 def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
@@ -220,7 +219,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                     {
                         "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
                         f"{results.method_label(method)}, {_name(activation)}",
-                        "reproduced": results.format_ci(c["mean"], c["ci_low"], c["ci_high"]),
+                        "reproduced": results.format_mean_ci(c),
                         "paper": "",
                     }
                 )
@@ -316,7 +315,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             f"the difference paired by seed with its 95% interval: {per}. With ReLU that difference is C5's "
             "question; C8 asks what leaving ReLU costs NormProp beyond it: per seed, each other activation's "
             "difference minus ReLU's, and of those the smallest "
-            f"({where} of {len(worst)} seeds): {results.format_ci(ci['mean'], ci['ci_low'], ci['ci_high'])} pp, "
+            f"({where} of {len(worst)} seeds): {results.format_mean_ci(ci)} pp, "
             f"{_against_margin(ci)}. That is C8's effect; its verdict, with the halves rule, is in "
             "the table at the top."
         )

@@ -80,13 +80,10 @@ def learned_flags(summary: pd.DataFrame, absent: bool = True) -> pd.Series:
     return summary["learned"].astype(str).str.lower().map({"true": True, "false": False, "1": True, "0": False})
 
 
-def write_summary(cfg, rows: Sequence[dict]) -> Path:
-    return io.write_csv(sweep_dir(cfg) / "summary.csv", pd.DataFrame(list(rows)))
-
-
 def summarise(cfg, specs: Sequence[RunSpec], manifests: Sequence[dict | None], columns=lambda spec: {}) -> Path:
     """summary.csv, one row per run: the engine's columns (run_row), then the experiment's `columns(spec)`."""
-    return write_summary(cfg, [run_row(s, m) | columns(s) for s, m in zip(specs, manifests, strict=True)])
+    rows = [run_row(s, m) | columns(s) for s, m in zip(specs, manifests, strict=True)]
+    return io.write_csv(sweep_dir(cfg) / "summary.csv", pd.DataFrame(rows))
 
 
 def read_csv(path: Path, command: str) -> pd.DataFrame:

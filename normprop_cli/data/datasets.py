@@ -5,7 +5,7 @@ data set to the device once (`Dataset.to`), take batches as index slices of a se
 (engine.trainer.train_epoch), augment on the device (augment.py).
 
 One module per source, each with its split rule: cifar.py (cifar10, cifar100), svhn.py, digits.py,
-synthetic.py; what they share (Dataset, Split, DataError, DATA_FILES, the split helpers) is base.py.
+fashion.py (fashion-mnist), synthetic.py; what they share (Dataset, Split, DataError, DATA_FILES, the split helpers) is base.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from .base import DATA_FILES, DataError, Dataset, data_directory, seeded_generator
 from .cifar import load_cifar10, load_cifar100
 from .digits import load_digits
+from .fashion import load_fashion_mnist
 from .svhn import load_svhn
 from .synthetic import load_synthetic
 
@@ -27,15 +28,21 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "cifar100": load_cifar100,
     "svhn": load_svhn,
     "digits": load_digits,
+    "fashion-mnist": load_fashion_mnist,
     "synthetic": load_synthetic,
 }
 
 
 def available_datasets(data_dir="data") -> dict[str, bool]:
     """Which data sets can be loaded without a download (files present; not checksummed)."""
+    from .fashion import NAME as FASHION
+    from .fashion import locate
+
     present = {}
     for name in DATASETS:
-        if name in DATA_FILES:
+        if name == FASHION:
+            present[name] = locate(data_dir) is not None
+        elif name in DATA_FILES:
             directory = data_directory(name, data_dir)
             present[name] = all((directory / f).is_file() for f in DATA_FILES[name][1])
         else:
@@ -61,16 +68,34 @@ def _limit(ds: Dataset, limit: int, split_seed: int) -> Dataset:
     return replace(ds, info=info, **splits)
 
 
+def _train_subset(ds: Dataset, n: int, split_seed: int) -> Dataset:
+    """The first `n` images of a seeded permutation of the training split (in the original order);
+    validation and test stay whole."""
+    if n >= len(ds.train):
+        return ds
+    index = torch.randperm(len(ds.train), generator=seeded_generator(split_seed + 1))[:n].sort().values
+    info = {**ds.info, "train_limit": n, "full_train": len(ds.train), "sizes": {**ds.info["sizes"], "train": n}}
+    return replace(ds, train=ds.train.subset(index), info=info)
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise DataError(f"{name} must be a positive integer or None, got {value!r}")
+
+
 def load_dataset(
     name: str,
     data_dir="data",
     download: bool = False,
     split_seed: int = 0,
     limit: int | None = None,
+    train_limit: int | None = None,
     **options,
 ) -> Dataset:
     """Load a data set by name; `options` go to its loader (e.g. svhn's `val_per_class`,
-    synthetic's `sizes`). Raises DataError for an unknown, missing or corrupt data set."""
+    synthetic's `sizes`). `limit` keeps at most that many examples of every split; `train_limit` at
+    most that many training images (a seeded subset), validation and test whole.
+    Raises DataError for an unknown, missing or corrupt data set."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     loader = DATASETS[name]
@@ -79,8 +104,9 @@ def load_dataset(
     if unknown:
         known = ", ".join(sorted(allowed)) or "none"
         raise DataError(f"unknown option {', '.join(unknown)} for dataset {name!r}; known: {known}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise DataError(f"limit must be a positive integer or None, got {limit!r}")
+    _positive("limit", limit)
+    _positive("train_limit", train_limit)
     ds = loader(data_dir=data_dir, download=download, split_seed=split_seed, **options)
     ds.info.setdefault("limit", None)
-    return _limit(ds, limit, split_seed) if limit is not None else ds
+    ds = _limit(ds, limit, split_seed) if limit is not None else ds
+    return _train_subset(ds, train_limit, split_seed) if train_limit is not None else ds

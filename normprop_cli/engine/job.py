@@ -86,6 +86,7 @@ def load_data(cfg: DictConfig, device):
             download=bool(cfg.download),
             split_seed=int(cfg.dataset.split_seed),
             limit=cfg.dataset.limit,
+            train_limit=cfg.dataset.get("train_limit"),
         )
     except DataError as exc:
         raise UserError(str(exc)) from None

@@ -183,7 +183,7 @@ def _train_locked(
     manifest["resumed_from_epoch"] = run.epoch if run.epoch else None
     io.write_json(path / MANIFEST, manifest)
 
-    steps = steps_per_epoch(len(data.train), t.batch_size)
+    steps = epoch_steps(t, len(data.train))
     progress.start(spec, int(t.epochs), steps, run.epoch)
     while run.epoch < t.epochs:
         row = train_epoch(run, data, cfg, device, progress)
@@ -241,6 +241,15 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size if batch_size > 1 else n
 
 
+def epoch_steps(train: DictConfig, n: int) -> int:
+    """SGD steps in an epoch of n training images: n // batch_size (the last, shorter batch dropped),
+    at most `train.max_steps` where that is set (then each epoch takes the first max_steps batches of
+    its own permutation: e.g. batch 1 with as many updates as a larger batch, C4 at equal updates)."""
+    steps = steps_per_epoch(n, int(train.batch_size))
+    cap = train.get("max_steps")
+    return min(steps, int(cap)) if cap else steps
+
+
 def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, progress: Progress) -> dict:
     """One pass over the training set; one host synchronisation, at the end."""
     t = cfg.train
@@ -252,7 +261,7 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
     n, bs = len(data.train), int(t.batch_size)
     order = torch.randperm(n, generator=gen).to(device)
     drawn = augmentation(cfg, n, gen, device)
-    steps = steps_per_epoch(n, bs)
+    steps = epoch_steps(t, n)
     run.model.train()
     run.data_norm.train()
     loss_sum = torch.zeros((), device=device)
@@ -267,7 +276,7 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
         correct += right
         progress.step(1)
     synchronize(device)
-    seen = steps * bs if bs > 1 else n
+    seen = steps * bs
     train_seconds = time.perf_counter() - t0
     loss_total, right_total = torch.stack([loss_sum.double(), correct.double()]).tolist()
     return {

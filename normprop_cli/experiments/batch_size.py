@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.engine.trainer import steps_per_epoch
+from normprop_cli.engine.trainer import epoch_steps
 from normprop_cli.experiments import results
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.results import learned_flags
@@ -65,9 +65,10 @@ def run(cfg: DictConfig) -> Path:
 
 
 def updates_per_epoch(manifest: dict | None, cfg: DictConfig) -> int:
-    """SGD steps per epoch: the training split's size (from the run's manifest) over the batch size."""
+    """SGD steps per epoch: the training split's size (from the run's manifest) over the batch size, or
+    train.max_steps where that is fewer."""
     n = ((manifest or {}).get("dataset_info") or {}).get("sizes", {}).get("train", 0)
-    return steps_per_epoch(int(n), int(cfg.train.batch_size))
+    return epoch_steps(cfg.train, int(n))
 
 
 def plot(cfg: DictConfig) -> list[Path]:

@@ -1,7 +1,9 @@
 """A learning rate per setting from a small validation sweep (batch-size, normalizers): every grid
 setting trains at its YAML rate times `experiment.lr_sweep.factors` for `lr_sweep.epochs` epochs with
 the first seed; the best final validation accuracy (ties: the lower validation loss) picks the rate of
-the real runs. The sweep's runs are named sweep-<setting>-lr<rate>-s<seed>; lr_sweep.csv records them."""
+the real runs. The sweep's runs are named sweep-<setting>-lr<rate>-s<seed>; lr_sweep.csv records them.
+A grid entry with `rate_of: <setting>` is not swept: it trains at that setting's chosen rate (e.g. batch
+1 with as many updates per epoch as batch 50, at batch 1's rate)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ def sweep_grid(cfg: DictConfig) -> tuple[DictConfig, dict[str, str]]:
     s = cfg.experiment.lr_sweep
     entries, owner = [], {}
     for entry in cfg.grid:
+        if entry.get("rate_of"):
+            continue
         base = float(entry.set["train.lr"])
         for factor in s.factors:
             lr = float(f"{base * float(factor):.6g}")
@@ -61,5 +65,5 @@ def with_rates(cfg: DictConfig, sweep: pd.DataFrame) -> DictConfig:
     chosen = sweep[sweep["chosen"]].set_index("setting")["lr"]
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for entry in out.grid:
-        entry.set["train.lr"] = float(chosen[entry.id])
+        entry.set["train.lr"] = float(chosen[entry.get("rate_of") or entry.id])
     return out

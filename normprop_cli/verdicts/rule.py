@@ -38,6 +38,7 @@ class Claim:
     margin: float | None  # non-inferiority: how far below 0 the effect may lie, in `unit`
     unit: str
     metric: str
+    relative_to: str | None = None  # the margin is this fraction of the named baseline error (pp)
 
 
 @lru_cache(maxsize=1)

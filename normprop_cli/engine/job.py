@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from normprop_cli import io
 from normprop_cli.data import DATA_NORMS, DataError, load_dataset
 from normprop_cli.data.augment import AUGMENTATIONS
-from normprop_cli.engine.runs import FINISHED, RunSpec, read_manifest, run_dir, sweep_dir, tables_problem
+from normprop_cli.engine.runs import FINISHED, RunSpec, extends, read_manifest, run_dir, sweep_dir, tables_problem
 from normprop_cli.engine.trainer import Observer, Progress, model_config, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn.nin import values_per_channel
@@ -112,7 +112,8 @@ def finished(spec: RunSpec) -> bool:
     are damaged goes to train_run, which rebuilds them from its checkpoint."""
     path = run_dir(spec.cfg, spec.name)
     manifest = read_manifest(path) or {}
-    return manifest.get("status") in FINISHED and tables_problem(path, manifest) is None
+    done = manifest.get("status") in FINISHED and not extends(spec, path, manifest)
+    return done and tables_problem(path, manifest) is None
 
 
 def train_one(spec: RunSpec, data, device, progress: Progress, observers: Sequence[Observer]) -> dict:

@@ -202,13 +202,37 @@ def tables_problem(path: Path, manifest: dict) -> str | None:
     return None
 
 
-def check_same_config(spec: RunSpec, path: Path) -> None:
-    """A run directory belongs to one config; a different one must not silently mix with it."""
+EXTENDABLE = "train.epochs"  # the one key a run may change: more epochs continue it where it stopped
+
+
+def config_differences(spec: RunSpec, path: Path) -> list[str]:
+    """The keys whose values differ between the run directory's config.yaml and the spec's config."""
     stored_file = path / CONFIG
     if not stored_file.exists():
-        return
+        return []
     stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
-    differ = sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+    return sorted(k for k in stored.keys() | new.keys() if stored.get(k) != new.get(k))
+
+
+def extends(spec: RunSpec, path: Path, manifest: dict | None) -> bool:
+    """Does the spec ask a complete run for more epochs, with its config otherwise the same? Then it
+    continues from its last checkpoint: the learning-rate schedule and each epoch's shuffle depend on
+    the epoch alone, so the longer run ends exactly as one trained to that many epochs at once."""
+    if not manifest or manifest.get("status") != "complete":
+        return False
+    more = int(spec.cfg.train.epochs) > int(manifest.get("epochs_done") or 0)
+    return more and config_differences(spec, path) == [EXTENDABLE]
+
+
+def check_same_config(spec: RunSpec, path: Path) -> None:
+    """A run directory belongs to one config; a different one must not silently mix with it. The one
+    exception is more epochs (EXTENDABLE): the run goes on, and its config.yaml says so."""
+    differ = config_differences(spec, path)
+    if differ == [EXTENDABLE]:
+        manifest = read_manifest(path) or {}
+        if int(spec.cfg.train.epochs) >= int(manifest.get("epochs_done") or 0):
+            io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
+            return
     if differ:
         raise UserError(
             f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "

@@ -33,6 +33,7 @@ from normprop_cli.engine.runs import (
     RunSpec,
     check_same_config,
     commit,
+    extends,
     load_checkpoint,
     now,
     read_manifest,
@@ -133,7 +134,7 @@ def _train_locked(
 ) -> dict:
     cfg, t = spec.cfg, spec.cfg.train
     manifest = read_manifest(path)
-    if manifest and manifest.get("status") in FINISHED:
+    if manifest and manifest.get("status") in FINISHED and not extends(spec, path, manifest):
         problem = tables_problem(path, manifest)
         if problem:  # a finished run's tables are rebuilt from its checkpoint, never trained again
             state = load_checkpoint(spec.name, path, device, f"{problem}, and ")

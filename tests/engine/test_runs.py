@@ -115,3 +115,28 @@ def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
     result = cli("run", "table1", *SMOKE, "--dataset", "svhn", grid, "--results-dir", cli.results)
     assert result.exit_code == 2 and "svhn has no augmentation" in result.output
     assert not cli.results.exists()
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_more_epochs_extend_a_run_to_exactly_the_longer_run(cli, tmp_path, interrupt_at, interrupt):
+    """train.epochs raised for a complete (or an interrupted) run continues it from its checkpoint and
+    ends bit for bit where a run trained to that many epochs at once ends; its config.yaml says so."""
+    grid = "grid=[{id: r, set: {model.norm: normprop, train.augment: true}}]"
+    args = ["run", "table1", *SMOKE, grid]
+    assert cli(*args, "train.epochs=3", "--results-dir", tmp_path / "a").exit_code == 0
+    if interrupt:  # stopped in its second epoch under the shorter config
+        assert interrupt_at(6, lambda: cli(*args, "train.epochs=2", "--results-dir", tmp_path / "b")).exit_code == 130
+    else:
+        assert cli(*args, "train.epochs=2", "--results-dir", tmp_path / "b").exit_code == 0
+    assert cli(*args, "train.epochs=3", "--results-dir", tmp_path / "b").exit_code == 0
+    ma, a, wa = load_run(tmp_path / "a", "table1", "r-s0")
+    mb, b, wb = load_run(tmp_path / "b", "table1", "r-s0")
+    assert mb["status"] == "complete" and mb["epochs_done"] == 3 == len(b)
+    pd.testing.assert_frame_equal(a.drop(columns=TIMING), b.drop(columns=TIMING), check_exact=True)
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+    stored = (tmp_path / "b" / "table1" / "synthetic" / "runs" / "r-s0" / "config.yaml").read_text()
+    assert "epochs: 3" in stored
+    # fewer epochs than a run has done are no extension: the run keeps its three
+    cli(*args, "train.epochs=1", "--results-dir", tmp_path / "b")
+    assert load_run(tmp_path / "b", "table1", "r-s0")[0]["epochs_done"] == 3

@@ -26,8 +26,8 @@ from normprop_cli.nn import ACTIVATIONS, NormPropLayer, activation_stats, input_
 
 FIRST_LAYER = 2  # Fig. 2 shows the inputs of the last 8 of the 9 conv layers
 UNIT_COLUMNS = ["layer", "draw", "channel", "row", "col", "epoch", "n", "mean", "std"]
-POPULATION_COLUMNS = ["layer", "epoch", "units", "avg_abs_mean", "avg_std", "avg_drift", "units_constant_at_init",
-                      "median_drift"]  # fmt: skip
+POPULATION_COLUMNS = ["layer", "epoch", "units", "avg_abs_mean", "avg_std", "avg_deviation", "avg_shift",
+                      "avg_drift", "units_constant_at_init", "median_drift"]  # fmt: skip
 CONSTANT_STD = 1e-6  # a unit with a smaller std at epoch 0 has no scale to measure its drift in
 # ... nor has one whose std at epoch 0 is under this fraction of its layer's median: on digits the
 # near-blank margins give units that are all but constant at initialisation, and dividing by their
@@ -206,19 +206,28 @@ class PopulationProbe:
     average |mean|, the average std, and the average drift |mean_e - mean_0| / std_0 from the unit's
     value at initialisation, leaving out (and counting) the units (near-)constant at initialisation:
     std_0 under DRIFT_FLOOR times the layer's median std_0; and the median drift.
-    The epoch-0 means and stds are the observer's state, kept in the run's checkpoint."""
+
+    Two measures in the absolute units of the N(0, 1) the paper aims at, the same for every method:
+    avg_deviation, per unit max(|mean|, |std - 1|), averaged over units; and avg_shift, per unit
+    max(|mean_e - mean_(e-1)|, |std_e - std_(e-1)|) from the previous epoch, averaged over units (NaN at
+    epoch 0). The epoch-0 and the previous epoch's means and stds are the observer's state, kept in the
+    run's checkpoint."""
 
     name = "population"
 
     def __init__(self, first_layer: int = FIRST_LAYER):
         self.first_layer = first_layer
         self.initial: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> epoch-0 (mean, std), [C, H, W]
+        self.previous: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> the last observed (mean, std)
 
     def state_dict(self) -> dict:
-        return {"initial": {k: {"mean": m, "std": s} for k, (m, s) in self.initial.items()}}
+        pack = lambda d: {k: {"mean": m, "std": s} for k, (m, s) in d.items()}  # noqa: E731
+        return {"initial": pack(self.initial), "previous": pack(self.previous)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.initial = {int(k): (v["mean"].cpu(), v["std"].cpu()) for k, v in state["initial"].items()}
+        unpack = lambda d: {int(k): (v["mean"].cpu(), v["std"].cpu()) for k, v in d.items()}  # noqa: E731
+        self.initial = unpack(state["initial"])
+        self.previous = unpack(state.get("previous", {}))
 
     def observe(self, model: nn.Module, batches: Batches, epoch: int) -> list[dict]:
         acc: dict[int, UnitMoments] = {}
@@ -237,12 +246,20 @@ class PopulationProbe:
             mean, std = (t.cpu() for t in acc[layer].mean_std())
             if epoch == 0:
                 self.initial[layer] = (mean, std)
-            rows.append({"layer": layer, "epoch": epoch} | self._summary(layer, mean, std, masks[layer].cpu()))
+            row = {"layer": layer, "epoch": epoch} | self._summary(layer, mean, std, masks[layer].cpu())
+            self.previous[layer] = (mean, std)
+            rows.append(row)
         return rows
 
     def _summary(self, layer: int, mean: Tensor, std: Tensor, mask: Tensor) -> dict:
+        shift = float("nan")
+        if layer in self.previous:
+            mean1, std1 = (t[:, mask] for t in self.previous[layer])
+            shift = torch.maximum((mean[:, mask] - mean1).abs(), (std[:, mask] - std1).abs()).mean().item()
         mean, std = mean[:, mask], std[:, mask]  # [C, input-dependent positions]
-        row = {"units": mean.numel(), "avg_abs_mean": mean.abs().mean().item(), "avg_std": std.mean().item()}
+        deviation = torch.maximum(mean.abs(), (std - 1.0).abs()).mean().item()
+        row = {"units": mean.numel(), "avg_abs_mean": mean.abs().mean().item(), "avg_std": std.mean().item(),
+               "avg_deviation": deviation, "avg_shift": shift}  # fmt: skip
         if layer not in self.initial:  # a run resumed from a checkpoint without the epoch-0 state
             return row | {
                 "avg_drift": float("nan"),

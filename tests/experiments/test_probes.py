@@ -83,6 +83,14 @@ def test_population_metric_matches_a_hand_computation(norm):
             assert r["units"] == mean.numel()
             assert r["avg_abs_mean"] == pytest.approx(mean.abs().mean().item(), rel=1e-6)
             assert r["avg_std"] == pytest.approx(std.mean().item(), rel=1e-6)
+            # in the N(0, 1) units the paper aims at, the same for every method
+            deviation = torch.maximum(mean.abs(), (std - 1).abs()).mean().item()
+            assert r["avg_deviation"] == pytest.approx(deviation, rel=1e-6)
+            if epoch:
+                shift = torch.maximum((mean - mean0).abs(), (std - std0).abs()).mean().item()
+                assert r["avg_shift"] == pytest.approx(shift, rel=1e-6)
+            else:
+                assert r["avg_shift"] != r["avg_shift"]  # no previous epoch: NaN
             assert r["units_constant_at_init"] == int((~varies).sum())
             drift = (mean - mean0).abs()[varies] / std0[varies]
             assert r["avg_drift"] == pytest.approx(drift.mean().item(), rel=1e-6, abs=1e-12)

@@ -210,7 +210,8 @@ def reproduce_all(
     download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
 ) -> None:
-    """Every experiment in the paper's order (theory first), then the figures and the report."""
+    """Every experiment in the paper's order (theory first), or those the preset lists
+    (preset.experiments), then the figures and the report."""
     import time
 
     from normprop_cli.experiments import RUNNERS, runner
@@ -218,7 +219,8 @@ def reproduce_all(
 
     start = time.perf_counter()
     cfg = None
-    for experiment in RUNNERS:
+    listed = compose("theory", preset, None, []).preset.get("experiments")  # a preset may name its own
+    for experiment in listed or RUNNERS:
         typer.echo(f"== {experiment}", err=True)
         cfg = compose(
             experiment,

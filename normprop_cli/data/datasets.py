@@ -1,11 +1,12 @@
-"""Data sets as whole uint8 tensors [N, 3, 32, 32] (SPEC section 5), by name: the registry.
+"""Data sets as whole uint8 tensors [N, C, 32, 32], by name: the registry.
 
 Each split is one uint8 image tensor and one int64 label tensor, the cifar10-airbench way: move the
 data set to the device once (`Dataset.to`), take batches as index slices of a seeded permutation
 (engine.trainer.train_epoch), augment on the device (augment.py).
 
 One module per source, each with its split rule: cifar.py (cifar10, cifar100), svhn.py, digits.py,
-fashion.py (fashion-mnist), synthetic.py; what they share (Dataset, Split, DataError, DATA_FILES, the split helpers) is base.py.
+fashion.py (fashion-mnist), synthetic.py; what they share (Dataset, Split, DataError, DATA_FILES, the
+split helpers) is base.py.
 """
 
 from __future__ import annotations

@@ -130,10 +130,15 @@ def _read_pair(images: Path, labels: Path) -> Split:
         raise DataError(f"{NAME} data set is corrupt: cannot read {bad.name} in {bad.parent} ({error_text(exc)}); "
                         f"install it again with {INSTALL_HINT}") from exc  # fmt: skip
     if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) == 0:
-        raise DataError(f"{NAME} data set is corrupt: {images.name} holds {x.dtype} {x.shape}, expected uint8 [N, 28, 28]")
+        raise DataError(
+            f"{NAME} data set is corrupt: {images.name} holds {x.dtype} {x.shape}, expected uint8 [N, 28, 28]"
+        )
     if y.shape != (len(x),) or (len(y) and int(y.max()) >= len(CLASSES)):
-        raise DataError(f"{NAME} data set is corrupt: {labels.name} holds {y.shape} labels (values up to "
-                        f"{int(y.max()) if len(y) else '-'}) for {len(x)} images, expected one of 0..9 each")  # fmt: skip
+        top = int(y.max()) if len(y) else "-"
+        raise DataError(
+            f"{NAME} data set is corrupt: {labels.name} holds {y.shape} labels (values up to {top}) "
+            f"for {len(x)} images, expected one of 0..9 each"
+        )
     images_t = torch.nn.functional.pad(torch.from_numpy(x.copy()).unsqueeze(1), (PAD, PAD, PAD, PAD))
     return Split(images_t.contiguous(), torch.from_numpy(y.astype(np.int64)))
 

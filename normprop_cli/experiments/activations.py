@@ -10,7 +10,8 @@ activation before it, (x - c2) / c1. On N(0, 1) pre-activations eq. 12 puts Norm
 output at mean 0 and std 1, or, where the Jacobian factor f divides (ICML), at `first_layer_prediction`.
 
 epochs.csv       every run's metrics, one row per run and epoch, with its activation
-curves.csv       method, activation, epoch, n, mean, sd, ci_low, ci_high: test accuracy (%) over seeds
+curves.csv       method, activation, epoch, n, diverged, mean, sd, ci_low, ci_high: test accuracy (%)
+                 over the seeds that did not diverge (95% interval: results.proportion_ci)
 population.csv   every run's population rows (probes.POPULATION_COLUMNS), with run, setting, method,
                  seed, activation
 layer_stats.csv  LAYER_COLUMNS: per method, activation, layer and epoch, the mean over seeds of the
@@ -107,7 +108,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     interval and each seed as a dot. Middle and right: NormProp's average std and average |mean| of
     every hidden layer's input, at initialisation (dashed) and after the last epoch (solid)."""
     plt = results.pyplot()
-    curve, summary = results.read(cfg, "curves"), results.read(cfg, "summary")
+    curve, summary = results.read_curves(cfg, KEYS), results.read(cfg, "summary")
     stats = results.read(cfg, "layer_stats")
     order = _activations(summary)
     fig, (acc, std, mean) = plt.subplots(1, 3, figsize=(14.5, 4.4))
@@ -201,10 +202,11 @@ def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Per activation: each method's final accuracy and NormProp minus BatchNorm paired by seed (95%
-    intervals over seeds); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
+    """Per activation: each method's final accuracy (95% interval over the seeds that did not diverge,
+    results.proportion_ci; the diverged counted beside it) and NormProp minus BatchNorm paired by seed
+    (a t interval, C8's measure); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
     and after training; the worst activation per seed (C8's effect); the runs that did not learn."""
-    summary, curve = results.read(cfg, "summary"), results.read(cfg, "curves")
+    summary, curve = results.read(cfg, "summary"), results.read_curves(cfg, KEYS)
     if ACCURACY not in summary:
         return []
     stats = results.read(cfg, "layer_stats")
@@ -219,7 +221,10 @@ def headlines(cfg: DictConfig) -> list[dict]:
                     {
                         "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
                         f"{results.method_label(method)}, {_name(activation)}",
-                        "reproduced": results.format_mean_ci(c),
+                        "reproduced": results.with_diverged(
+                            results.format_mean_ci(c),
+                            summary[(summary["method"] == method) & (summary["activation"] == activation)],
+                        ),
                         "paper": "",
                     }
                 )

@@ -10,7 +10,7 @@ small sweep on the validation split: each setting's YAML rate times `experiment.
 lr_sweep.csv  setting, method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen
 epochs.csv   every run's metrics, one row per run and epoch, with `updates` (SGD steps so far)
 curves.csv   setting, method, batch_size, initial_lr, label, epoch, updates, n, mean, sd, ci_low,
-             ci_high: test accuracy (%) over seeds with its 95% Student-t interval
+             ci_high, diverged: test accuracy (%) over seeds with its 95% interval (results.proportion_ci)
 summary.csv  one row per run: engine columns + batch_size, initial_lr, data_norm, label, updates,
              final_test_acc, best_test_acc
 batch_size.png/.pdf  test accuracy vs epoch (the paper) and vs SGD updates, per batch size
@@ -32,9 +32,18 @@ KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
 BN_NOTE = "the paper: BN not applicable"
 
 
-def label(method: str, batch_size: int, lr: float) -> str:
+CAPPED = "updates/epoch"  # in the label of a run whose epochs are cut to train.max_steps updates
+
+
+def label(method: str, batch_size: int, lr: float, max_steps: int | None = None) -> str:
     note = f" ({BN_NOTE})" if method == "batchnorm" and int(batch_size) == 1 else ""
-    return f"{results.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{note}"
+    capped = f", {int(max_steps)} {CAPPED}" if max_steps else ""
+    return f"{results.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{capped}{note}"
+
+
+def spec_label(spec) -> str:
+    t = spec.cfg.train
+    return label(spec.cfg.model.norm, t.batch_size, t.lr, t.get("max_steps"))
 
 
 def run(cfg: DictConfig) -> Path:
@@ -46,17 +55,13 @@ def run(cfg: DictConfig) -> Path:
         spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
     }
     if len(epochs):
-        epochs.insert(
-            6,
-            "label",
-            [label(*r) for r in zip(epochs["method"], epochs["batch_size"], epochs["initial_lr"], strict=True)],
-        )
+        epochs.insert(6, "label", epochs["run"].map({spec.name: spec_label(spec) for spec in specs}))
         epochs.insert(7, "updates", epochs["epoch"] * epochs["run"].map(per_epoch))
 
     def columns(spec):
         t = spec.cfg.train
         return {"batch_size": t.batch_size, "initial_lr": t.lr, "data_norm": t.data_norm,
-                "label": label(spec.cfg.model.norm, t.batch_size, t.lr),
+                "label": spec_label(spec),
                 "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
 
     out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
@@ -75,14 +80,14 @@ def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 4: one curve per batch size (NormProp solid; BN at batch 1 dashed, grey), against epochs
     (the paper's axis) and against SGD updates (a batch of 1 takes 50 times the steps of a batch of 50)."""
     plt = results.pyplot()
-    curve = results.read(cfg, "curves")
+    curve = results.read_curves(cfg, KEYS, carry=["updates"])
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
     groups = list(curve.groupby(KEYS, sort=False))
     for ((_, method, batch_size, _, text), c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
         if method == "normprop":
-            style = {"color": f"C{normprop_sizes.index(batch_size)}"}
+            style = {"color": f"C{normprop_sizes.index(batch_size)}"} | ({"linestyle": ":"} if CAPPED in text else {})
         else:
             style = {"color": "0.4", "linestyle": "--", "marker": "x"}
         results.plot_curve(axes[0], c, text, dodge=dodge, **style)
@@ -100,22 +105,24 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Final mean accuracy with its 95% interval per batch size, at its chosen learning rate; the
-    trend the paper describes."""
-    curve = results.read(cfg, "curves")
+    """Final mean accuracy with its 95% interval per batch size, at its chosen learning rate (the
+    diverged runs left out and counted beside it); the trend the paper describes. Every run is scored
+    in evaluation mode alone, so BatchNorm at batch 1 "did not learn in evaluation mode"."""
+    curve = results.read_curves(cfg, KEYS, carry=["updates"])
     summary = results.read(cfg, "summary")
     last = results.last_epoch(curve, KEYS)
     rows = []
     for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
         runs = summary[summary["setting"] == r["setting"]]
-        if len(runs) and learned_flags(runs).eq(False).all():
-            text = f"did not learn ({r['mean']:.2f}, {results.NEAR_CHANCE})"
+        done = results.kept(runs)
+        if len(done) and learned_flags(done).eq(False).all():
+            text = results.did_not_learn(r["mean"], cfg, "evaluation mode")
         else:
             text = results.format_mean_ci(r)
         updates = f", {int(r['updates'])} updates" if "updates" in r else ""
         rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
                                  f"{updates}, {r['label']}",
-                     "reproduced": text, "paper": ""})  # fmt: skip
+                     "reproduced": results.with_diverged(text, runs), "paper": ""})  # fmt: skip
     normprop = last[last["method"] == "normprop"].sort_values("batch_size")
     if len(normprop) > 1:
         best = normprop.loc[normprop["mean"].idxmax()]

@@ -3,7 +3,9 @@
     normprop run convergence [--preset paper] [--seeds 5]
 
 epochs.csv   every run's metrics, one row per run and epoch
-curves.csv   method, epoch, n, mean, sd, ci_low, ci_high: test accuracy (%) over seeds, 95% interval
+curves.csv   method, epoch, n, diverged, mean, sd, ci_low, ci_high: test accuracy (%) over the seeds
+             that did not diverge, 95% interval on the logit scale (results.proportion_ci);
+             `diverged` counts the method's diverged runs, left out of every epoch
 summary.csv  one row per run: engine columns + final_test_acc, best_test_acc
 convergence.png/.pdf  test accuracy vs epoch, caps on the markers showing the 95% interval
 """
@@ -32,7 +34,7 @@ def run(cfg: DictConfig) -> Path:
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 3: test accuracy, mean over seeds with 95% caps, per method."""
     plt = results.pyplot()
-    curve = results.read(cfg, "curves")
+    curve = results.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     groups = sorted(curve.groupby("method", sort=False), key=lambda g: results.method_rank(g[0]))
     for (method, c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
@@ -48,14 +50,17 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def early_half_width(c, epochs: int) -> float:
-    """Mean 95% half-width over epochs 1..`epochs` (the paper: "specially during initial training")."""
+    """Mean 95% half-width, (ci_high - ci_low) / 2, over epochs 1..`epochs` (the paper: "specially
+    during initial training"); the logit-scale interval is asymmetric, its half-width is its mean reach."""
     head = c[c["epoch"] <= epochs]
     return float(((head["ci_high"] - head["ci_low"]) / 2).mean())
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Final accuracy with its 95% interval, and the spread over seeds in the stated early window."""
-    curve = results.read(cfg, "curves")
+    """Final accuracy with its 95% interval (the diverged runs left out and counted beside it), and
+    the spread over seeds in the stated early window."""
+    curve = results.read_curves(cfg, KEYS)
+    summary = results.read(cfg, "summary")
     window = int(cfg.experiment.early_epochs)
     paper = f"{cfg.experiment.paper_claim} (CIFAR-10)"
     rows = []
@@ -65,7 +70,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
                 f"{int(last['epoch'])}, {results.method_label(method)}",
-                "reproduced": results.format_mean_ci(last),
+                "reproduced": results.with_diverged(results.format_mean_ci(last), summary[summary["method"] == method]),
                 "paper": "",
             }
         )

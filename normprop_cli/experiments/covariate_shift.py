@@ -253,14 +253,15 @@ def _readable(ax) -> None:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Per method that learned: the paper's metric (mean and 95% interval over seeds of each seed's
-    average over draws, and the spread over draws), the population metric and the settling epoch;
-    one row per method whose runs did not learn (SPEC 6.1: kept out of the headlines)."""
+    """Per method, over its runs that learned and did not diverge: the paper's metric (mean and 95%
+    interval over seeds of each seed's average over draws, and the spread over draws), the population
+    metric and the settling epoch; one row per method whose runs did not learn, and one naming the
+    diverged runs: both kept out of the other rows, their numbers in the CSVs."""
     summary = results.read(cfg, "summary")
     if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
     learned = learned_flags(summary).eq(True)
-    kept = summary[learned]
+    kept = summary[learned & ~results.diverged(summary)]
     settled = results.read(cfg, "settling")
     settled = settled[settled["run"].isin(kept["run"])]
     rows = []
@@ -297,8 +298,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
                 f"{results.NEAR_CHANCE}); kept out of the rows above"
             )
-            rows.append({"quantity": quantity, "reproduced": f"final test accuracy {accuracy:.1f}%", "paper": ""})
-    return rows
+            reproduced = f"final test accuracy {accuracy:.1f}% (chance is {results.chance(cfg):g}%)"
+            rows.append({"quantity": quantity, "reproduced": reproduced, "paper": ""})
+    return rows + results.diverged_runs(cfg)
 
 
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:

@@ -3,8 +3,9 @@
     normprop run data-norm [--preset paper]
 
 epochs.csv   every run's metrics, one row per run and epoch
-curves.csv   setting, data_norm, batch_size, initial_lr, epoch, n, mean, sd, ci_low, ci_high
-             (test accuracy %, mean over seeds, 95% t-interval)
+curves.csv   setting, data_norm, batch_size, initial_lr, epoch, n, diverged, mean, sd, ci_low, ci_high
+             (test accuracy %, mean over the seeds that did not diverge, 95% interval on the logit
+             scale: results.proportion_ci; `diverged` counts the setting's diverged runs)
 summary.csv  one row per run: engine columns + data_norm, batch_size, initial_lr, best_test_acc,
              best_test_epoch, final_test_acc
 data_norm.png/.pdf  test accuracy vs epoch, one line per (data normalisation, batch size)
@@ -51,7 +52,7 @@ def label(data_norm: str, batch_size: int, lr: float) -> str:
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 1: test accuracy (mean over seeds, 95% caps) vs epoch for each setting."""
     plt = results.pyplot()
-    curve = results.read(cfg, "curves")
+    curve = results.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     sizes = sorted(curve["batch_size"].unique())
     groups = list(curve.groupby(KEYS, sort=False))
@@ -72,29 +73,34 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Final and best test accuracy per setting (mean over seeds with its 95% interval), and the best
-    setting, beside the paper's (experiment.paper_best_test_acc and paper_best_setting)."""
+    """Final and best test accuracy per setting (mean over the seeds that did not diverge, with its 95%
+    interval, results.proportion_ci; the diverged runs counted beside it), and the best setting, beside
+    the paper's (experiment.paper_best_test_acc and paper_best_setting)."""
     summary = results.read(cfg, "summary")
     if "best_test_acc" not in summary:
         return []
     paper_setting = tuple(cfg.experiment.paper_best_setting.values())
     paper_best = cfg.experiment.paper_best_test_acc
-    best = summary.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
-    (top_norm, top_bs, top_lr), top = best.index[0], best.iloc[0]
-    rows = [
-        {
-            "quantity": "best test accuracy (%, max over epochs, mean over seeds) and its setting",
-            "reproduced": f"{top:.2f} ({label(top_norm, top_bs, top_lr)})",
-            "paper": results.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
-        }
-    ]
+    done = results.kept(summary)
+    best = done.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
+    rows = []
+    if len(best):
+        (top_norm, top_bs, top_lr), top = best.index[0], best.iloc[0]
+        rows.append(
+            {
+                "quantity": "best test accuracy (%, max over epochs, mean over the seeds that did not diverge) and "
+                "its setting",
+                "reproduced": f"{top:.2f} ({label(top_norm, top_bs, top_lr)})",
+                "paper": results.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
+            }
+        )
     for (data_norm, batch_size, lr), g in summary.groupby(KEYS[1:], sort=True):
-        final = results.mean_ci(g["final_test_acc"])
+        final = results.proportion_ci(results.kept(g)["final_test_acc"])
         paper = paper_best if (data_norm, batch_size, lr) == paper_setting else ""
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {final['n']}], {label(data_norm, batch_size, lr)}",
-                "reproduced": results.format_mean_ci(final),
+                "reproduced": results.with_diverged(results.format_mean_ci(final), g),
                 "paper": results.paper_value(cfg, f"{paper} (best)" if paper else ""),
             }
         )

@@ -8,15 +8,19 @@ the learning rate its validation sweep chose (lr_sweep.py).
 
 lr_sweep.csv     setting, method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen
 epochs.csv       every run's metrics per epoch, with `normalizer` and `step_ms` (training seconds per SGD step)
-curves.csv       normalizer, batch_size, epoch: test accuracy (%) over seeds, 95% Student-t interval
+curves.csv       normalizer, batch_size, epoch: test accuracy (%) over the seeds that did not diverge,
+                 95% interval on the logit scale (results.proportion_ci), diverged runs counted
 summary.csv      one row per run: engine columns + normalizer, batch_size, initial_lr, final_test_acc,
-                 best_val_test_acc, step_ms, drift (SPEC §6.1, mean over layers at the final epoch),
-                 train_mode_acc, eval_mode_acc (batch-statistics methods at batch 1, final epoch)
+                 best_val_test_acc, step_ms, drift (mean over layers at the final epoch),
+                 train_mode_acc, eval_mode_acc (batch-statistics methods at batch 1, final epoch);
+                 `learned` is True where the run learned in a mode it is scored in (either mode at
+                 batch 1 for batch-statistics methods, results.learned_in_a_mode)
 population.csv   every run's population metric per layer and epoch (probes.PopulationProbe)
 mode_gap.csv     batch-statistics methods at batch 1: test accuracy per epoch in both modes
-normalizers.csv  per batch size and method: rank, rate, final and best-validation accuracy with 95%
-                 intervals, the difference from the reference method (Welch interval) and its reading,
-                 step time, drift, and the train-minus-eval-mode gap
+normalizers.csv  per batch size and method, over the runs that did not diverge (counted in `diverged`):
+                 rank, rate, final and best-validation accuracy with 95% intervals (proportion_ci),
+                 the difference from the reference method (Welch interval) and its reading, step
+                 time, drift, both modes' accuracy and the train-minus-eval-mode gap (t intervals)
 normalizers.png/.pdf  final test accuracy against batch size per method, 95% intervals; step time
 """
 
@@ -37,13 +41,14 @@ from normprop_cli.experiments import results
 from normprop_cli.experiments.batch_size import updates_per_epoch
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe
-from normprop_cli.experiments.results import learned_flags
 from normprop_cli.nn.methods import BATCH_STATISTICS, method_of
 
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
-TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "learned", "final_acc", "final_low", "final_high",
-         "best_val_acc", "best_val_low", "best_val_high", "diff_vs_reference", "diff_low", "diff_high", "reading",
-         "step_ms", "drift", "drift_low", "drift_high", "mode_gap", "mode_gap_low", "mode_gap_high"]  # fmt: skip
+TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "final_acc", "final_low",
+         "final_high", "best_val_acc", "best_val_low", "best_val_high", "diff_vs_reference", "diff_low", "diff_high",
+         "reading", "step_ms", "drift", "drift_low", "drift_high", "train_mode_acc", "train_mode_low",
+         "train_mode_high", "eval_mode_acc", "eval_mode_low", "eval_mode_high", "mode_gap", "mode_gap_low",
+         "mode_gap_high"]  # fmt: skip
 LABELS = {
     "none": "no normalisation",
     "batchnorm": "BatchNorm",
@@ -122,7 +127,10 @@ def run(cfg: DictConfig) -> Path:
                "best_val_test_acc": best_val_test_acc(runs)}  # fmt: skip
         gap = results.of_run(gaps, spec.name)
         if len(gap):
-            row |= {"train_mode_acc": gap["train_mode_acc"].iloc[-1], "eval_mode_acc": gap["eval_mode_acc"].iloc[-1]}
+            train, evaluation = gap["train_mode_acc"].iloc[-1], gap["eval_mode_acc"].iloc[-1]
+            row |= {"train_mode_acc": train, "eval_mode_acc": evaluation}
+            if len(runs):  # did not learn only where it did not in either mode
+                row["learned"] = results.learned(max(runs["test_acc"].iloc[-1], train), spec.cfg)
         return row
 
     out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
@@ -132,7 +140,7 @@ def run(cfg: DictConfig) -> Path:
 
 
 def final_drift(population: pd.DataFrame) -> float:
-    """SPEC §6.1's average drift at the run's last epoch, averaged over its layers."""
+    """The population's average drift at the run's last epoch, averaged over its layers."""
     if not len(population):
         return math.nan
     last = population[population["epoch"] == population["epoch"].max()]
@@ -166,24 +174,34 @@ def reading(low: float, high: float) -> str:
 
 
 def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per batch size and method, ranked by mean final test accuracy (best first)."""
+    """One row per batch size and method, ranked by mean final test accuracy (best first), over the
+    runs that did not diverge (those are counted in `diverged`): accuracies with proportion_ci, drift,
+    the mode gap and the difference from the reference with t intervals; `learned` counts the runs
+    that learned in a mode they are scored in (results.learned_in_a_mode)."""
     reference = cfg.experiment.get("reference", "normprop-icml")
     rows = []
-    for bs, at in summary.groupby("batch_size", sort=True):
+    for bs, every in summary.groupby("batch_size", sort=True):
+        at = results.kept(every)
         ref = at.loc[at["normalizer"] == reference, "final_test_acc"]
-        for method, g in at.groupby("normalizer", sort=False):
-            final, best = results.mean_ci(g["final_test_acc"]), results.mean_ci(g["best_val_test_acc"])
+        for method, runs in every.groupby("normalizer", sort=False):
+            g = results.kept(runs)
+            final, best = results.proportion_ci(g["final_test_acc"]), results.proportion_ci(g["best_val_test_acc"])
             drift = results.mean_ci(g["drift"])
+            modes = {}  # train_mode_acc, train_mode_low, ..., eval_mode_high
+            for column in results.MODES:
+                modes |= _ci_columns(column, results.proportion_ci(g[column]) if column in g else {})
             gap = results.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
             diff = welch(g["final_test_acc"], ref) if method != reference and len(ref) else (math.nan,) * 3
-            rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(g["initial_lr"].iloc[0]),
-                         "n": final["n"], "learned": int(learned_flags(g).sum()),
+            rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
+                         "n": final["n"], "diverged": len(runs) - len(g),
+                         "learned": int(results.learned_in_a_mode(g, cfg).eq(True).sum()),
                          "final_acc": final["mean"], "final_low": final["ci_low"], "final_high": final["ci_high"],
                          "best_val_acc": best["mean"], "best_val_low": best["ci_low"], "best_val_high": best["ci_high"],
                          "diff_vs_reference": diff[0], "diff_low": diff[1], "diff_high": diff[2],
                          "reading": "reference" if method == reference else reading(diff[1], diff[2]),
                          "step_ms": float(g["step_ms"].median()),
                          "drift": drift["mean"], "drift_low": drift["ci_low"], "drift_high": drift["ci_high"],
+                         **modes,
                          "mode_gap": gap.get("mean", math.nan), "mode_gap_low": gap.get("ci_low", math.nan),
                          "mode_gap_high": gap.get("ci_high", math.nan)})  # fmt: skip
     out = pd.DataFrame(rows, columns=[c for c in TABLE if c != "rank"])
@@ -192,10 +210,24 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _ci_columns(column: str, ci: dict) -> dict:
+    """A mode's columns of the table: `<mode>_acc`, `<mode>_low`, `<mode>_high` of `column` = `<mode>_acc`."""
+    mode = column.removesuffix("_acc")
+    return {column: ci.get("mean", math.nan), f"{mode}_low": ci.get("ci_low", math.nan),
+            f"{mode}_high": ci.get("ci_high", math.nan)}  # fmt: skip
+
+
+def read_table(cfg: DictConfig) -> pd.DataFrame:
+    """normalizers.csv; one written by an earlier version of `table` (other columns) is formed again
+    from summary.csv, so that the figure and the report always show this version's numbers."""
+    t = results.read(cfg, "normalizers")
+    return t if list(t.columns) == TABLE else table(cfg, results.read(cfg, "summary"))
+
+
 def plot(cfg: DictConfig) -> list[Path]:
     """Final test accuracy against batch size per method (95% intervals), and seconds per step."""
     plt = results.pyplot()
-    t = results.read(cfg, "normalizers")
+    t = read_table(cfg)
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     methods = list(dict.fromkeys(cfg.experiment.methods))
     sizes = sorted(t["batch_size"].unique())
@@ -214,7 +246,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     for ax in axes:
         ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
         ax.set_xlabel("batch size")
-    axes[0].set_ylim(-2, 102)  # a t interval of 3 seeds can pass 100; the axis stays on accuracies
+    axes[0].set_ylim(-2, 102)  # accuracies and their intervals lie in [0, 100]
     axes[0].set_ylabel("final test accuracy (%)")
     axes[0].set_title(results.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
     axes[1].set_yscale("log")
@@ -226,8 +258,10 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Per batch size: the best method, and where the reference (NormProp) ranks."""
-    t = results.read(cfg, "normalizers")
+    """Per batch size: the best method, and where the reference (NormProp) ranks; per batch-statistics
+    method at batch 1, its final accuracy in training and in evaluation mode; the runs that did not
+    learn in any mode they are scored in."""
+    t = read_table(cfg)
     reference = cfg.experiment.get("reference", "normprop-icml")
     rows = []
     for bs, g in t.groupby("batch_size", sort=True):
@@ -235,26 +269,56 @@ def headlines(cfg: DictConfig) -> list[dict]:
         ref = g[g["normalizer"] == reference]
         rank = f"; {label(reference)} ranks {int(ref['rank'].iloc[0])} of {len(g)}" if len(ref) else ""
         rows.append({"quantity": f"batch {int(bs)}: best final test accuracy (%) [95% CI, n = {int(top['n'])}]",
-                     "reproduced": f"{label(top['normalizer'])} {_ci(top, 'final')}{rank}", "paper": ""})  # fmt: skip
+                     "reproduced": f"{label(top['normalizer'])} {_ci(top, 'final')}{_counts(top)}{rank}",
+                     "paper": ""})  # fmt: skip
+    for _, r in t[t["train_mode_acc"].notna()].iterrows():
+        rows.append({"quantity": f"batch {int(r['batch_size'])}, {label(r['normalizer'])}: final test accuracy (%) "
+                                 f"[95% CI, n = {int(r['n'])}] in training mode (each image normalised by its own "
+                                 "statistics) / in evaluation mode (running estimates)",
+                     "reproduced": f"{_ci(r, 'train')} / {_ci(r, 'eval')}: {_modes(r, cfg)}", "paper": ""})  # fmt: skip
     return rows + results.not_learned(cfg)
 
 
 def _ci(row, prefix: str) -> str:
     key = {"final": ("final_acc", "final_low", "final_high"), "best": ("best_val_acc", "best_val_low", "best_val_high"),
            "diff": ("diff_vs_reference", "diff_low", "diff_high"), "drift": ("drift", "drift_low", "drift_high"),
+           "train": ("train_mode_acc", "train_mode_low", "train_mode_high"),
+           "eval": ("eval_mode_acc", "eval_mode_low", "eval_mode_high"),
            "gap": ("mode_gap", "mode_gap_low", "mode_gap_high")}[prefix]  # fmt: skip
     return results.format_ci(*(float(row[k]) for k in key))
 
 
+def _counts(row) -> str:
+    """' (2 did not learn, 1 diverged)' for a row of the table, '' when every run learned."""
+    failed, gone = int(row["n"]) - int(row["learned"]), int(row["diverged"])
+    parts = [f"{failed} did not learn"] * bool(failed) + [f"{gone} diverged, left out"] * bool(gone)
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _modes(row, cfg: DictConfig) -> str:
+    """'learns in training mode and fails in evaluation mode (mean final accuracy at or below chance + 5
+    points; chance is 10%)': each mode's mean final accuracy against chance + results.LEARNED_MARGIN."""
+    bar = results.chance(cfg) + results.LEARNED_MARGIN
+    learns = {results.MODES[c]: float(row[c]) > bar for c in ("train_mode_acc", "eval_mode_acc")}
+    chance = f"chance is {results.chance(cfg):g}%"
+    if all(learns.values()):
+        return f"learns in both modes (mean final accuracy above chance + {results.LEARNED_MARGIN:g} points; {chance})"
+    said = " and ".join(f"{'learns' if ok else 'fails'} in {mode}" for mode, ok in learns.items())
+    return f"{said} (fails: mean final accuracy {results.NEAR_CHANCE}; {chance})"
+
+
 def paragraphs(cfg: DictConfig) -> list[str]:
-    """A ranked table per batch size, then which methods beat the reference where, with intervals."""
-    t = results.read(cfg, "normalizers")
+    """A ranked table per batch size, then which methods beat the reference where, with intervals;
+    the batch-statistics methods at batch 1 in both modes."""
+    t = read_table(cfg)
     reference = cfg.experiment.get("reference", "normprop-icml")
     ref = label(reference)
     out = [
         f"**Normalisers ({cfg.dataset.name}, {cfg.preset.name} preset, {int(cfg.train.epochs)} epochs).** Each "
-        "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`). Differences "
-        f"from {ref} are Welch 95% intervals over independent seeds: *better* or *worse* where the interval "
+        "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`). Accuracy "
+        "intervals are 95% t intervals on the logit scale (they stay within [0, 100]); runs that diverged are "
+        f"left out of every mean and counted beside it. Differences from {ref} are Welch 95% intervals over "
+        "independent seeds: *better* or *worse* where the interval "
         "excludes 0, else *indistinguishable*. Every batch size trains the same epochs, so a batch of 50 takes "
         "1/50 of the SGD updates of a batch of 1: compare methods within a batch size, not across. Step times "
         f"come from the runs ({int(cfg.get('jobs') or 1)} one-thread worker processes side by side), comparable "
@@ -265,19 +329,25 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         lines = [head, "|---|---|---|---|---|---|---|---|"]
         for _, r in g.iterrows():
             vs = "reference" if r["normalizer"] == reference else f"{_ci(r, 'diff')} {r['reading']}"
-            learned = "" if int(r["learned"]) == int(r["n"]) else f" ({int(r['n']) - int(r['learned'])} did not learn)"
-            lines.append(f"| {int(r['rank'])} | {label(r['normalizer'])} | {r['lr']:g} | {_ci(r, 'final')}{learned} | "
+            final = _ci(r, "final")
+            if math.isfinite(float(r["train_mode_acc"])):
+                final += f" in evaluation mode; {_ci(r, 'train')} in training mode"
+            lines.append(f"| {int(r['rank'])} | {label(r['normalizer'])} | {r['lr']:g} | {final}{_counts(r)} | "
                          f"{_ci(r, 'best')} | {vs} | {_ci(r, 'drift')} | {r['step_ms']:.1f} |")  # fmt: skip
         out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(lines))
         out.append(_finding(g, int(bs), ref))
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
-        parts = [f"{label(r['normalizer'])} {_ci(r, 'gap')} pp" for _, r in gaps.iterrows()]
+        parts = [
+            f"{label(r['normalizer'])} {_ci(r, 'train')} in training mode and {_ci(r, 'eval')} in evaluation mode, "
+            f"a difference of {_ci(r, 'gap')} pp: it {_modes(r, cfg)}"
+            for _, r in gaps.iterrows()
+        ]
         out.append(
-            "At batch 1 the batch-statistics methods normalise each training image by its own spatial statistics; "
-            "tested the same way (training mode, one image at a time) rather than with their running estimates "
-            f"(evaluation mode), their final test accuracy changes by {'; '.join(parts)} (training minus "
-            "evaluation mode, 95% CI)."
+            "At batch 1 the batch-statistics methods normalise each training image by its own spatial statistics. "
+            "Tested the same way (training mode, one image at a time) and with their running estimates "
+            f"(evaluation mode, the mode of the table above), their final test accuracy (%) is: {'; '.join(parts)} "
+            "(95% CI; the difference is training minus evaluation mode)."
         )
     return out
 

@@ -1,12 +1,18 @@
 """The experiments' shared kit: summary.csv (one row per run, from its manifest and metrics), a
-sweep's per-epoch metrics in one table, the mean over seeds with its 95% Student-t confidence
-interval (the caps of Figs. 3 and 4), and drawing such curves; reading and writing an experiment's
-CSVs and figures. Figures read the CSVs written here, never a model."""
+sweep's per-epoch metrics in one table, the mean over seeds with its 95% confidence interval (the
+caps of Figs. 3 and 4), and drawing such curves; reading and writing an experiment's CSVs and
+figures. Figures read the CSVs written here, never a model.
+
+Two intervals: `proportion_ci` for accuracies and errors in % (a Student-t interval on the logit
+scale, always inside [0, 100]) and `mean_ci` for everything else (seconds, drift, differences in pp:
+the plain Student-t interval). Runs whose status is "diverged" are left out of every mean over seeds
+of an accuracy and counted beside it (`kept`, `diverged_note`, the `diverged` column of curves.csv);
+their rows stay in epochs.csv and summary.csv."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +24,10 @@ from normprop_cli.engine.runs import METRICS, RunSpec, run_dir, sweep_dir
 from normprop_cli.errors import UserError
 
 LEVEL = 0.95  # the paper's caps: 95% confidence interval
-CURVE_COLUMNS = ["epoch", "n", "mean", "sd", "ci_low", "ci_high"]
+PROPORTION_EPS = 1e-6  # a mean proportion is kept this far inside (0, 1) before its logit
+CURVE_COLUMNS = ["epoch", "n", "diverged", "mean", "sd", "ci_low", "ci_high"]
+DIVERGED = "diverged"  # a run's manifest status once its loss went non-finite
+MODES = {"eval_mode_acc": "evaluation mode", "train_mode_acc": "training mode"}
 METHOD_LABELS = {"normprop": "NormProp", "batchnorm": "BatchNorm", "none": "no normalisation"}
 METHOD_COLORS = {"normprop": "C0", "batchnorm": "C1", "none": "C7"}
 
@@ -57,8 +66,8 @@ def run_row(spec: RunSpec, manifest: dict | None) -> dict:
     return row
 
 
-LEARNED_MARGIN = 5.0  # SPEC §6.1: a run within this many points of chance did not learn
-NEAR_CHANCE = f"within {LEARNED_MARGIN:g} points of chance"  # a run that did not learn
+LEARNED_MARGIN = 5.0  # a run whose final accuracy is at most chance + this many points did not learn
+NEAR_CHANCE = f"at or below chance + {LEARNED_MARGIN:g} points"  # the final accuracy of a run that did not learn
 
 
 def chance(cfg) -> float:
@@ -67,7 +76,7 @@ def chance(cfg) -> float:
 
 
 def learned(final_test_acc: float, cfg) -> bool:
-    """Did the run learn: a final test accuracy more than LEARNED_MARGIN points above chance (SPEC §6.1)?
+    """Did the run learn: a final test accuracy more than LEARNED_MARGIN points above chance?
     Runs that did not are labelled so and kept out of headlines; their numbers stay in the CSVs."""
     return bool(final_test_acc > chance(cfg) + LEARNED_MARGIN)
 
@@ -78,6 +87,49 @@ def learned_flags(summary: pd.DataFrame, absent: bool = True) -> pd.Series:
     if "learned" not in summary:
         return pd.Series(absent, index=summary.index, dtype=object)
     return summary["learned"].astype(str).str.lower().map({"true": True, "false": False, "1": True, "0": False})
+
+
+def learned_in_a_mode(summary: pd.DataFrame, cfg) -> pd.Series:
+    """learned_flags, and True where a run scored in training mode too (a `train_mode_acc` column:
+    batch-statistics methods at batch 1, each image normalised by its own statistics) learned there:
+    a run did not learn only when its final accuracy is at or below chance + LEARNED_MARGIN in every
+    mode it is scored in."""
+    flags = learned_flags(summary)
+    if "train_mode_acc" not in summary:
+        return flags
+    train = pd.to_numeric(summary["train_mode_acc"], errors="coerce")
+    return flags.mask(train > chance(cfg) + LEARNED_MARGIN, True)
+
+
+def did_not_learn(accuracy: float, cfg, mode: str = "evaluation mode") -> str:
+    """'did not learn in evaluation mode (4.50%; chance is 10%)': the final accuracy (mean over the
+    runs) of runs at or below chance + LEARNED_MARGIN, which may lie below chance."""
+    where = f" in {mode}" if mode else ""
+    return f"did not learn{where} ({accuracy:.2f}%; chance is {chance(cfg):g}%)"
+
+
+def diverged(runs: pd.DataFrame) -> pd.Series:
+    """True for the rows of summary.csv whose run diverged (status "diverged")."""
+    if "status" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["status"].astype(str).eq(DIVERGED)
+
+
+def kept(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of summary.csv that a mean over seeds of an accuracy keeps: every run but the diverged."""
+    return runs[~diverged(runs)]
+
+
+def diverged_note(runs: pd.DataFrame) -> str:
+    """'2 of 10 runs diverged (left out)' for the rows of summary.csv behind one number; '' when none did."""
+    k = int(diverged(runs).sum())
+    return f"{k} of {len(runs)} runs diverged (left out)" if k else ""
+
+
+def with_diverged(text: str, runs: pd.DataFrame) -> str:
+    """A number's text, with diverged_note(runs) beside it where runs diverged."""
+    note = diverged_note(runs)
+    return f"{text}; {note}" if note else text
 
 
 def summarise(cfg, specs: Sequence[RunSpec], manifests: Sequence[dict | None], columns=lambda spec: {}) -> Path:
@@ -97,18 +149,54 @@ def read_csv(path: Path, command: str) -> pd.DataFrame:
 
 
 def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
-    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n).
+    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n), for
+    quantities that are not proportions (seconds, drift, differences of accuracies in pp).
 
     Non-finite values (a diverged run) are left out; with n = 1 there is no interval (NaN).
     stdtrit(df, p) is scipy.stats.t.ppf(p, df) without importing scipy.stats (seconds)."""
     from scipy.special import stdtrit
 
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    x = _finite(values)
     n = len(x)
     mean = float(x.mean()) if n else math.nan
     sd = float(x.std(ddof=1)) if n > 1 else math.nan
     half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
     return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def proportion_ci(values: Iterable[float], level: float = LEVEL, scale: float = 100.0) -> dict:
+    """n, mean, sample sd and a `level` (95%) interval of the mean that stays inside [0, scale]: the
+    interval of every accuracy and error in % (scale 100) over seeds.
+
+    The method: the Student-t interval of the mean, formed on the logit scale of the mean proportion
+    p = mean / scale and mapped back (the delta method, as for a logit-transformed interval of a
+    proportion): logit(p) -/+ t((1+level)/2, n-1) se / (p (1 - p)), with se = sd / (scale sqrt(n)),
+    then scale x logistic(.) of both ends. Away from 0 and 100 with a narrow spread it is the plain
+    t interval of mean_ci; near a bound, or on bimodal outcomes (runs that learned beside runs that
+    did not), it is asymmetric and never passes the bound. The centre stays the arithmetic mean,
+    which the interval always contains (a t interval of the seeds' own logits would be centred on
+    another mean, and on bimodal outcomes could miss the arithmetic one). p is kept within
+    [PROPORTION_EPS, 1 - PROPORTION_EPS] before its logit; with no spread (sd 0) the interval is the
+    mean itself. Non-finite values are left out; with n = 1 there is no interval (NaN)."""
+    from scipy.special import expit, logit, stdtrit
+
+    x = _finite(values)
+    n = len(x)
+    mean = float(x.mean()) if n else math.nan
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": sd, "ci_low": math.nan, "ci_high": math.nan}
+    if sd == 0.0:
+        return {"n": n, "mean": mean, "sd": sd, "ci_low": mean, "ci_high": mean}
+    p = min(max(mean / scale, PROPORTION_EPS), 1.0 - PROPORTION_EPS)
+    half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / (scale * math.sqrt(n)) / (p * (1.0 - p))
+    centre = float(logit(p))
+    low, high = scale * float(expit(centre - half)), scale * float(expit(centre + half))
+    return {"n": n, "mean": mean, "sd": sd, "ci_low": min(low, mean), "ci_high": max(high, mean)}
+
+
+def _finite(values: Iterable[float]) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
 
 
 def gather(specs: Sequence[RunSpec], name: str = "metrics", columns: Mapping[str, str] = {}) -> pd.DataFrame:
@@ -143,30 +231,53 @@ def accuracy(epochs: pd.DataFrame, run: str) -> dict:
 
 
 def write_curves_and_summary(cfg, specs, manifests, epochs, keys, columns=lambda spec: {}, carry=()) -> Path:
-    """epochs.csv, curves.csv (mean and CI over seeds per `keys`, with the `carry` columns) and
-    summary.csv: the engine's columns, `columns(spec)` and the run's final and best test accuracy.
-    Returns summary.csv."""
+    """epochs.csv, curves.csv (mean and interval over seeds per `keys`, with the `carry` columns; the
+    diverged runs left out and counted) and summary.csv: the engine's columns, `columns(spec)` and the
+    run's final and best test accuracy. Returns summary.csv."""
     write(cfg, "epochs", epochs)
-    write(cfg, "curves", curves(epochs, keys, carry=carry))
+    gone = {spec.name for spec, m in zip(specs, manifests, strict=True) if (m or {}).get("status") == DIVERGED}
+    write(cfg, "curves", curves(epochs, keys, carry=carry, diverged=gone))
     return summarise(cfg, specs, manifests, lambda spec: columns(spec) | accuracy(epochs, spec.name))
 
 
 def curves(
-    epochs: pd.DataFrame, keys: Sequence[str], value: str = "test_acc", carry: Sequence[str] = ()
+    epochs: pd.DataFrame,
+    keys: Sequence[str],
+    value: str = "test_acc",
+    carry: Sequence[str] = (),
+    diverged: Collection[str] = (),
 ) -> pd.DataFrame:
-    """Per setting (`keys`) and epoch: the mean of `value` over seeds and its 95% interval, after the
-    epoch the `carry` columns, which are the same for every seed of a setting's epoch (e.g. updates)."""
+    """Per setting (`keys`) and epoch: the mean over seeds of `value`, an accuracy in %, and its 95%
+    interval (proportion_ci), after the epoch the `carry` columns, which are the same for every seed
+    of a setting's epoch (e.g. updates). The runs named in `diverged` are left out of every epoch of
+    their setting, also the epochs before they diverged, and counted in the `diverged` column (those
+    with a row in `epochs`); a setting whose every run diverged keeps its epochs with n = 0."""
     columns = [*keys, "epoch", *carry, *CURVE_COLUMNS[1:]]
     if not len(epochs):
         return pd.DataFrame(columns=columns)
+    gone = epochs["run"].isin(set(diverged)) if "run" in epochs and diverged else pd.Series(False, index=epochs.index)
+    counted = epochs["run"].where(gone) if "run" in epochs else pd.Series(math.nan, index=epochs.index)
+    per_setting = counted.groupby([epochs[k] for k in keys], sort=False, dropna=False).transform("nunique")
     rows = [
         dict(zip(keys, group, strict=True))
         | {"epoch": int(epoch)}
         | {c: g[c].iloc[0] for c in carry}
-        | mean_ci(g[value])
+        | proportion_ci(g.loc[~gone[g.index], value])
+        | {"diverged": int(per_setting[g.index].iloc[0])}
         for (*group, epoch), g in epochs.groupby([*keys, "epoch"], sort=False)
     ]
     return pd.DataFrame(rows, columns=columns).sort_values([*keys, "epoch"], kind="stable")
+
+
+def read_curves(cfg: DictConfig, keys: Sequence[str], carry: Sequence[str] = ()) -> pd.DataFrame:
+    """curves.csv; one written before diverged runs were left out (no `diverged` column) is formed
+    again from epochs.csv and summary.csv's statuses, so that figures and the report never show it."""
+    curve = read(cfg, "curves")
+    if "diverged" in curve:
+        return curve
+    summary = read(cfg, "summary")
+    gone = set(summary.loc[diverged(summary), "run"]) if "run" in summary else set()
+    return curves(read(cfg, "epochs"), keys, carry=carry, diverged=gone)
 
 
 def last_epoch(curve: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -266,7 +377,7 @@ def format_mean_ci(ci: Mapping, digits: int = 2) -> str:
 
 def paper_value(cfg: DictConfig, value, paper_dataset: str = "cifar10") -> str:
     """The paper's number for the report, labelled "not comparable" beside it when this sweep is not
-    on the paper's data set (SPEC §6.1: digits vs CIFAR-10)."""
+    on the paper's data set (e.g. digits vs CIFAR-10)."""
     if value is None or value == "" or (isinstance(value, float) and not math.isfinite(value)):
         return ""
     if cfg.dataset.name == paper_dataset:
@@ -275,15 +386,35 @@ def paper_value(cfg: DictConfig, value, paper_dataset: str = "cifar10") -> str:
 
 
 def not_learned(cfg: DictConfig) -> list[dict]:
-    """A headline row naming the runs that did not learn (SPEC §6.1: a final accuracy NEAR_CHANCE), when
-    there are any: their numbers stay in the CSVs, this row says so."""
+    """A headline row naming the runs that did not learn (learned_in_a_mode: a final accuracy at or
+    below chance + LEARNED_MARGIN in every mode the run is scored in), when there are any: their
+    numbers stay in the CSVs, this row says so; a diverged one is marked."""
     path = sweep_dir(cfg) / "summary.csv"
     summary = pd.read_csv(path) if path.exists() else pd.DataFrame()
-    failed = summary[learned_flags(summary).eq(False)]
+    failed = summary[learned_in_a_mode(summary, cfg).eq(False)]
     if not len(failed):
         return []
-    return [{"quantity": f"runs that did not learn (final test accuracy {NEAR_CHANCE}; kept in the CSVs)",
-             "reproduced": f"{len(failed)} of {len(summary)}: {', '.join(failed['run'])}", "paper": ""}]  # fmt: skip
+    if "train_mode_acc" in summary:
+        modes = "in every mode it is scored in: training and evaluation mode at batch 1, else evaluation mode"
+    else:
+        modes = "in evaluation mode, the only mode scored here"
+    marks = diverged(failed).map({True: " (diverged)", False: ""})
+    names = [f"{run}{mark}" for run, mark in zip(failed["run"], marks, strict=True)]
+    quantity = f"runs that did not learn (final test accuracy {NEAR_CHANCE} {modes}; chance is {chance(cfg):g}%)"
+    return [{"quantity": f"{quantity}; kept in the CSVs",
+             "reproduced": f"{len(failed)} of {len(summary)}: {', '.join(names)}", "paper": ""}]  # fmt: skip
+
+
+def diverged_runs(cfg: DictConfig) -> list[dict]:
+    """A headline row naming the diverged runs, when there are any, for headlines that leave them
+    out without a count beside each number; their numbers stay in the CSVs."""
+    path = sweep_dir(cfg) / "summary.csv"
+    summary = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    gone = summary[diverged(summary)]
+    if not len(gone):
+        return []
+    return [{"quantity": "runs that diverged (left out of the means above; kept in the CSVs)",
+             "reproduced": f"{len(gone)} of {len(summary)}: {', '.join(gone['run'])}", "paper": ""}]  # fmt: skip
 
 
 def title(cfg: DictConfig, what: str) -> str:

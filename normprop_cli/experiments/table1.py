@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
@@ -34,33 +35,39 @@ def run(cfg: DictConfig) -> Path:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Final test error per method and augmentation, mean over seeds with its 95% interval, beside
-    the paper's Table 1 (labelled not comparable off the paper's data sets, experiment.paper_test_error)."""
+    """Final test error per method and augmentation, mean over the complete runs with its 95% interval
+    (results.proportion_ci, inside [0, 100]) and the diverged runs counted beside it, beside the
+    paper's Table 1 (labelled not comparable off the paper's data sets, experiment.paper_test_error)."""
     summary = results.read(cfg, "summary")
     paper_dataset = cfg.dataset.name if cfg.dataset.name in cfg.experiment.paper_test_error else "cifar10"
     rows = []
     for (method, augmentation), g in summary.groupby(["method", "augment"], sort=False):
-        done = g[g["status"] == "complete"]
-        e = results.mean_ci(done["final_test_error"])
+        e = results.proportion_ci(complete(g)["final_test_error"])
         rows.append(
             {
                 "quantity": f"final test error % [95% CI, n = {e['n']}] ({method}, augmentation {augmentation})",
-                "reproduced": results.format_mean_ci(e) if len(done) else "diverged",
+                "reproduced": results.with_diverged(results.format_mean_ci(e), g),
                 "paper": results.paper_value(cfg, g["paper_test_error"].iloc[0], paper_dataset),
             }
         )
     return rows + results.not_learned(cfg)
 
 
+def complete(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that finished their epochs: a diverged or unfinished run is not averaged in."""
+    return runs[runs["status"] == "complete"] if "status" in runs else runs
+
+
 def plot(cfg: DictConfig) -> list[Path]:
-    """Reproduced test error (mean over seeds, each seed a dot) beside the paper's."""
+    """Reproduced test error (mean over the complete runs, each seed a dot) beside the paper's."""
     plt = results.pyplot()
     summary = results.read(cfg, "summary")
     groups = list(summary.groupby(["method", "augment"], sort=False))
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups), 3.4))
     labelled = set()
     for i, ((method, _augment), g) in enumerate(groups):
-        ax.bar(i - 0.18, g["final_test_error"].mean(), width=0.36, color=results.METHOD_COLORS.get(method, "C2"))
+        mean = complete(g)["final_test_error"].mean()
+        ax.bar(i - 0.18, mean, width=0.36, color=results.METHOD_COLORS.get(method, "C2"))
         seed_label = None if "seed" in labelled else "reproduced, one seed"
         ax.scatter([i - 0.18] * len(g), g["final_test_error"], color="k", s=10, zorder=3, label=seed_label)
         labelled.add("seed")

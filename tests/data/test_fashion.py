@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from normprop_cli.data import DataError, load_dataset
-from normprop_cli.data import fashion
+from normprop_cli.data import DataError, fashion, load_dataset
 from normprop_cli.data.fashion import FILES, read_idx, write_idx
 
 

@@ -30,7 +30,7 @@ def test_the_smoke_run_writes_every_setting(results):
     assert set(zip(summary["method"], summary["activation"], strict=True)) == {(m, a) for m in METHODS for a in ACTS}
     assert {"seed", activations.ACCURACY, "learned"} <= set(summary.columns)
     c = pd.read_csv(sweep / "curves.csv")
-    assert list(c.columns) == ["method", "activation", "epoch", "n", "mean", "sd", "ci_low", "ci_high"]
+    assert list(c.columns) == ["method", "activation", "epoch", "n", "diverged", "mean", "sd", "ci_low", "ci_high"]
     assert len(c) == 8 * 2 and (c["n"] == 2).all()
     layers = pd.read_csv(sweep / "layer_stats.csv")
     assert list(layers.columns) == activations.LAYER_COLUMNS

@@ -5,7 +5,7 @@ import pytest
 
 from normprop_cli import config
 from normprop_cli.experiments import convergence
-from normprop_cli.experiments.results import mean_ci
+from normprop_cli.experiments.results import proportion_ci
 
 SMOKE = ["--preset", "smoke", "--quiet"]
 
@@ -18,16 +18,17 @@ def results(run_experiment):
 def test_curves_hold_mean_and_interval_over_the_seeds(results):
     sweep = results / "convergence" / "synthetic"
     c = pd.read_csv(sweep / "curves.csv")
-    assert list(c.columns) == ["method", "epoch", "n", "mean", "sd", "ci_low", "ci_high"]
+    assert list(c.columns) == ["method", "epoch", "n", "diverged", "mean", "sd", "ci_low", "ci_high"]
     assert sorted(c["method"].unique()) == ["batchnorm", "normprop"]
     assert (c["n"] == 2).all() and list(c["epoch"].unique()) == [1, 2]
     epochs = pd.read_csv(sweep / "epochs.csv")
     for _, row in c.iterrows():
         values = epochs[(epochs["method"] == row["method"]) & (epochs["epoch"] == row["epoch"])]["test_acc"]
-        expected = mean_ci(values)
+        expected = proportion_ci(values)
         assert row["mean"] == pytest.approx(expected["mean"])
         assert row["ci_low"] == pytest.approx(expected["ci_low"])
-        assert row["ci_low"] <= row["mean"] <= row["ci_high"]
+        assert row["ci_high"] == pytest.approx(expected["ci_high"])
+        assert 0.0 <= row["ci_low"] <= row["mean"] <= row["ci_high"] <= 100.0
     summary = pd.read_csv(sweep / "summary.csv")
     assert len(summary) == 4 and {"final_test_acc", "best_test_acc", "seed"} <= set(summary.columns)
     assert (sweep / "convergence.png").exists() and (sweep / "convergence.pdf").exists()

@@ -1,4 +1,4 @@
-"""What Figs. 3 and 4 draw: the mean over seeds and its 95% t-interval; the experiment YAMLs."""
+"""What Figs. 3 and 4 draw: the mean over seeds and its 95% interval; the experiment YAMLs."""
 
 import inspect
 import math
@@ -61,8 +61,9 @@ def test_curves_are_per_setting_and_epoch():
         }
     )
     c = results.curves(epochs, ["method"]).set_index(["method", "epoch"])
-    assert list(c.columns) == ["n", "mean", "sd", "ci_low", "ci_high"]
-    assert c.loc[("a", 1), "mean"] == 2.0 and c.loc[("a", 1), "n"] == 3
+    assert list(c.columns) == ["n", "diverged", "mean", "sd", "ci_low", "ci_high"]
+    assert c.loc[("a", 1), "mean"] == 2.0 and c.loc[("a", 1), "n"] == 3 and (c["diverged"] == 0).all()
+    assert c.loc[("a", 1), "ci_low"] == results.proportion_ci([1.0, 2.0, 3.0])["ci_low"] > 0.0
     assert c.loc[("a", 2), "ci_low"] == c.loc[("a", 2), "ci_high"] == 4.0  # no spread, no width
     assert c.loc[("b", 2), "n"] == 1 and math.isnan(c.loc[("b", 2), "ci_low"])
 

@@ -14,7 +14,8 @@ runs/<run>/spread.csv      SPREAD_COLUMNS, one row per conv layer and epoch
 runs/<run>/population.csv  probes.POPULATION_COLUMNS, layers 2..9
 spread.csv       every run's spread rows, with run, setting, method, seed, width
 population.csv   every run's population rows, with run, setting, method, seed, width
-epochs.csv, curves.csv  every run's metrics; test accuracy per setting, mean and 95% CI over seeds
+epochs.csv, curves.csv  every run's metrics; test accuracy per setting, mean and 95% interval over
+                 the seeds that did not diverge (results.curves)
 summary.csv      one row per run: engine columns + width, final_mean_ratio (final epoch, mean over
                  layers 1..9), final_population_abs_mean, final_population_drift, final_population_std
                  (final epoch, mean over layers 2..9), final_test_acc, best_test_acc

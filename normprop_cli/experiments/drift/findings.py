@@ -1,5 +1,5 @@
 """The report's headlines and findings, every number read from spread.csv and population.csv (runs that
-learned only); the paper's column is `experiment.paper_expects` in conf/experiment/drift.yaml."""
+learned and did not diverge); the paper's column is `experiment.paper_expects` in conf/experiment/drift.yaml."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         ):
             rows.append(_row(f"layer inputs' {what} at epoch {last}, all units, mean over layers 2-9, {name}",
                              format_mean_ci(mean_at(g, column, last), 3), expects[column]))  # fmt: skip
-    return rows + results.not_learned(cfg)
+    return rows + results.not_learned(cfg) + results.diverged_runs(cfg)
 
 
 def _change(g: pd.DataFrame, column: str, last: int, digits: int = 3, layers=None) -> str:
@@ -107,7 +107,7 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
 
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The finding in sentences, every number read from spread.csv and population.csv (runs that
-    learned only): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
+    learned and did not diverge): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
     s = _summary(learned_rows(cfg, results.read(cfg, "spread")), learned_rows(cfg, results.read(cfg, "population")))
     if not s:
         return []

@@ -1,5 +1,5 @@
-"""The CSVs as the figures and the report read them, no model needed: the rows of runs that learned,
-the (method, width) groups and their labels, and means over seeds (and layers)."""
+"""The CSVs as the figures and the report read them, no model needed: the rows of runs that learned
+and did not diverge, the (method, width) groups and their labels, and means over seeds (and layers)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ GROUP = ["method", "width"]
 
 
 def learned_rows(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of runs that learned (SPEC 6.1: the others stay in the CSVs, out of the headlines)."""
+    """The rows of runs that learned and did not diverge; the others stay in the CSVs, out of the
+    headlines (results.not_learned names those that did not learn)."""
     summary = results.read(cfg, "summary")
     if "learned" not in summary or not len(table):
         return table
-    kept = summary.loc[learned_flags(summary).eq(True), "run"]
+    kept = summary.loc[learned_flags(summary).eq(True) & ~results.diverged(summary), "run"]
     return table[table["run"].isin(kept)]
 
 
@@ -44,7 +45,8 @@ def by_epoch(g: pd.DataFrame, column: str, layers=None) -> pd.Series:
 
 
 def mean_at(g: pd.DataFrame, column: str, epoch: int, layers=None) -> dict:
-    """mean_ci over seeds of each seed's mean over layers of `column` at `epoch`."""
+    """mean_ci (a t interval: ratios, coherences and drifts are not proportions) over seeds of each
+    seed's mean over layers of `column` at `epoch`."""
     g = g[g["epoch"] == epoch]
     if layers is not None:
         g = g[g["layer"].isin(layers)]

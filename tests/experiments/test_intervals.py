@@ -1,0 +1,260 @@
+"""Intervals of accuracies stay inside [0, 100], diverged runs are counted apart, "did not learn" holds
+only where a run failed in every mode it is scored in, and the timing table's ratio is the verdict's."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from normprop_cli import config
+from normprop_cli.engine.runs import sweep_dir
+from normprop_cli.experiments import batch_size, data_norm, normalizers, results, table1, timing
+from normprop_cli.verdicts import measures, rule
+
+BIMODAL = [[10.0, 10.0, 95.0, 96.0, 97.0], [0.0, 100.0, 100.0], [97.0, 99.0, 100.0, 100.0], [0.0, 0.0, 5.0]]
+
+
+# ---- the interval of a proportion ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", BIMODAL)
+def test_the_interval_of_an_accuracy_stays_within_0_and_100_and_holds_its_mean(values):
+    ci = results.proportion_ci(values)
+    assert 0.0 <= ci["ci_low"] <= ci["mean"] <= ci["ci_high"] <= 100.0
+    assert ci["ci_low"] < ci["ci_high"]
+    assert ci["mean"] == pytest.approx(np.mean(values)) and ci["n"] == len(values)
+
+
+def test_the_student_t_interval_of_the_same_bimodal_values_leaves_the_range():
+    """Why accuracies need their own interval: the plain t interval passes 0 and 100 here."""
+    t = results.mean_ci(BIMODAL[0])
+    assert t["ci_high"] > 100.0
+    assert results.mean_ci(BIMODAL[1])["ci_low"] < 0.0
+
+
+def test_the_interval_is_the_t_interval_on_the_logit_scale_of_the_mean():
+    x = np.array(BIMODAL[0]) / 100.0
+    p, se = x.mean(), x.std(ddof=1) / math.sqrt(len(x))
+    half = stats.t.ppf(0.975, len(x) - 1) * se / (p * (1 - p))
+    logit = math.log(p / (1 - p))
+    expected = [100.0 / (1.0 + math.exp(-(logit + s * half))) for s in (-1, 1)]
+    ci = results.proportion_ci(BIMODAL[0])
+    assert [ci["ci_low"], ci["ci_high"]] == pytest.approx(expected, rel=1e-9)
+
+
+def test_far_from_the_bounds_it_is_close_to_the_t_interval():
+    values = [50.0, 50.5, 51.0, 49.5, 50.2]
+    logit, t = results.proportion_ci(values), results.mean_ci(values)
+    assert logit["ci_low"] == pytest.approx(t["ci_low"], abs=0.01)
+    assert logit["ci_high"] == pytest.approx(t["ci_high"], abs=0.01)
+
+
+def test_one_value_has_no_interval_and_equal_values_have_no_width():
+    assert math.isnan(results.proportion_ci([80.0])["ci_low"])
+    assert results.proportion_ci([100.0, 100.0, 100.0]) == {
+        "n": 3,
+        "mean": 100.0,
+        "sd": 0.0,
+        "ci_low": 100.0,
+        "ci_high": 100.0,
+    }
+
+
+# ---- curves and headlines: diverged runs left out and counted -------------------------------------------
+
+
+def bimodal_epochs() -> pd.DataFrame:
+    """Setting a: five seeds, s0 diverged after epoch 1; setting b: two learned, one failed."""
+    rows = []
+    for epoch in (1, 2):
+        for seed, acc in enumerate([12.0, 90.0, 91.0, 93.0, 95.0]):
+            if seed == 0 and epoch == 2:
+                continue  # the diverged run has no rows after it diverged
+            rows.append({"run": f"a-s{seed}", "method": "a", "epoch": epoch, "test_acc": acc + epoch})
+        for seed, acc in enumerate([0.0, 99.0, 99.0]):
+            rows.append({"run": f"b-s{seed}", "method": "b", "epoch": epoch, "test_acc": acc})
+    return pd.DataFrame(rows)
+
+
+def test_curves_leave_diverged_runs_out_of_every_epoch_and_count_them():
+    c = results.curves(bimodal_epochs(), ["method"], diverged={"a-s0"}).set_index(["method", "epoch"])
+    assert list(c.columns) == results.CURVE_COLUMNS[1:]
+    assert c.loc[("a", 1), "n"] == 4 and c.loc[("a", 1), "diverged"] == 1  # its epoch before diverging too
+    assert c.loc[("a", 1), "mean"] == pytest.approx(np.mean([91.0, 92.0, 94.0, 96.0]))
+    assert c.loc[("a", 2), "n"] == 4 and c.loc[("a", 2), "diverged"] == 1
+    assert (c.loc["b", "diverged"] == 0).all() and (c.loc["b", "n"] == 3).all()
+    assert ((c["ci_low"] >= 0.0) & (c["ci_high"] <= 100.0)).all()
+    everything = results.curves(bimodal_epochs(), ["method"]).set_index(["method", "epoch"])
+    assert everything.loc[("a", 1), "n"] == 5 and everything.loc[("a", 1), "diverged"] == 0
+
+
+def test_a_setting_whose_every_run_diverged_keeps_its_epochs_with_no_mean():
+    c = results.curves(bimodal_epochs(), ["method"], diverged={"b-s0", "b-s1", "b-s2"}).set_index(["method", "epoch"])
+    assert (c.loc["b", "n"] == 0).all() and (c.loc["b", "diverged"] == 3).all() and c.loc["b", "mean"].isna().all()
+
+
+def summary_of(epochs: pd.DataFrame, diverged: set[str], **columns) -> pd.DataFrame:
+    last = epochs.sort_values("epoch").groupby("run").tail(1)
+    last = last if "setting" in last else last.assign(setting=last["method"])
+    status = ["diverged" if run in diverged else "complete" for run in last["run"]]
+    return last.assign(status=status, seed=last["run"].str[-1].astype(int),
+                       final_test_acc=last["test_acc"], learned=last["test_acc"] > 15.0, **columns)  # fmt: skip
+
+
+def write(cfg, name: str, frame: pd.DataFrame) -> None:
+    sweep_dir(cfg).mkdir(parents=True, exist_ok=True)
+    frame.to_csv(sweep_dir(cfg) / f"{name}.csv", index=False)
+
+
+def test_curves_written_before_diverged_runs_were_left_out_are_formed_again(tmp_path):
+    cfg = config.load("convergence", preset="smoke", results_dir=str(tmp_path))
+    epochs = bimodal_epochs()
+    write(cfg, "epochs", epochs)
+    write(cfg, "summary", summary_of(epochs, {"a-s0"}))
+    old = results.curves(epochs, ["method"]).drop(columns="diverged")
+    write(cfg, "curves", old)
+    c = results.read_curves(cfg, ["method"]).set_index(["method", "epoch"])
+    assert c.loc[("a", 1), "n"] == 4 and c.loc[("a", 1), "diverged"] == 1
+
+
+def test_data_norm_headlines_leave_diverged_runs_out_and_say_how_many(tmp_path):
+    cfg = config.load("data-norm", preset="smoke", results_dir=str(tmp_path))
+    accs = [96.0, 97.0, 8.0, 95.0]  # the third run diverged
+    rows = [{"run": f"global-b100-s{s}", "setting": "global-b100", "method": "normprop", "seed": s,
+             "status": "diverged" if s == 2 else "complete", "learned": acc > 15.0, "data_norm": "global",
+             "batch_size": 100, "initial_lr": 0.08, "final_test_acc": acc, "best_test_acc": acc}
+            for s, acc in enumerate(accs)]  # fmt: skip
+    write(cfg, "summary", pd.DataFrame(rows))
+    final = next(r for r in data_norm.headlines(cfg) if r["quantity"].startswith("final test accuracy"))
+    ci = results.proportion_ci([96.0, 97.0, 95.0])
+    assert "n = 3" in final["quantity"]
+    assert final["reproduced"] == f"{results.format_mean_ci(ci)}; 1 of 4 runs diverged (left out)"
+    assert "96.00" in final["reproduced"]
+
+
+def test_table1_counts_diverged_runs_beside_the_error(tmp_path):
+    cfg = config.load("table1", preset="smoke", results_dir=str(tmp_path))
+    errors = [2.0, 3.0, 91.0]
+    rows = [{"run": f"normprop-s{s}", "method": "normprop", "seed": s, "augment": "none",
+             "status": "diverged" if s == 2 else "complete", "final_test_error": e, "learned": e < 85.0,
+             "paper_test_error": math.nan} for s, e in enumerate(errors)]  # fmt: skip
+    write(cfg, "summary", pd.DataFrame(rows))
+    (row,) = [r for r in table1.headlines(cfg) if r["quantity"].startswith("final test error")]
+    assert "n = 2" in row["quantity"] and row["reproduced"].startswith("2.50 [")
+    assert row["reproduced"].endswith("; 1 of 3 runs diverged (left out)")
+
+
+# ---- "did not learn" ----------------------------------------------------------------------------------
+
+
+def test_a_run_that_learns_in_training_mode_only_did_learn():
+    cfg = config.load("normalizers", preset="smoke")
+    summary = pd.DataFrame({"run": ["bn-s0", "bn-s1", "none-s0"], "learned": [False, False, False],
+                            "train_mode_acc": [97.0, 12.0, math.nan]})  # fmt: skip
+    assert results.learned_in_a_mode(summary, cfg).tolist() == [True, False, False]
+    assert results.learned_flags(summary).tolist() == [False, False, False]
+
+
+def normalizer_summary() -> pd.DataFrame:
+    """BatchNorm at batch 1: 98% in training mode, at or below chance in evaluation mode."""
+    rows = []
+    for s, (train, evaluation) in enumerate([(98.0, 4.5), (97.0, 9.0), (99.0, 6.0)]):
+        rows.append({"run": f"batchnorm-b1-s{s}", "setting": "batchnorm-b1", "method": "batchnorm", "seed": s,
+                     "status": "complete", "learned": False, "normalizer": "batchnorm", "batch_size": 1,
+                     "initial_lr": 0.01, "step_ms": 1.0, "drift": 0.5, "best_val_test_acc": evaluation,
+                     "final_test_acc": evaluation, "train_mode_acc": train, "eval_mode_acc": evaluation})  # fmt: skip
+        rows.append({"run": f"normprop-icml-b1-s{s}", "setting": "normprop-icml-b1", "method": "normprop",
+                     "seed": s, "status": "complete", "learned": True, "normalizer": "normprop-icml",
+                     "batch_size": 1, "initial_lr": 0.01, "step_ms": 1.0, "drift": 5.0,
+                     "best_val_test_acc": 95.0 + s, "final_test_acc": 95.0 + s, "train_mode_acc": math.nan,
+                     "eval_mode_acc": math.nan})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_normalizers_say_bn_at_batch_1_learns_in_training_mode_and_fails_in_evaluation_mode(tmp_path):
+    cfg = config.load("normalizers", preset="smoke", results_dir=str(tmp_path))
+    summary = normalizer_summary()
+    write(cfg, "summary", summary)
+    write(cfg, "normalizers", normalizers.table(cfg, summary))
+    t = normalizers.table(cfg, summary).set_index("normalizer")
+    assert t.loc["batchnorm", "learned"] == t.loc["batchnorm", "n"] == 3
+    assert t.loc["batchnorm", "train_mode_acc"] == pytest.approx(98.0)
+    assert t.loc["batchnorm", "eval_mode_acc"] == pytest.approx(6.5)
+    assert t.loc["batchnorm", "eval_mode_low"] >= 0.0 and t.loc["batchnorm", "train_mode_high"] <= 100.0
+    assert results.not_learned(cfg) == []  # the BN runs learned in training mode
+    rows = normalizers.headlines(cfg)
+    assert not any("did not learn" in r["quantity"] for r in rows)
+    (modes,) = [r for r in rows if "in training mode" in r["quantity"]]
+    assert "learns in training mode and fails in evaluation mode" in modes["reproduced"]
+    assert modes["reproduced"].startswith("98.00 [") and " / 6.50 [" in modes["reproduced"]
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert "did not learn" not in text
+    assert "BatchNorm 98.00 [" in text and "in training mode and 6.50 [" in text
+
+
+def test_the_runs_that_did_not_learn_are_named_with_the_right_words(tmp_path):
+    cfg = config.load("normalizers", preset="smoke", results_dir=str(tmp_path))
+    summary = normalizer_summary()
+    summary.loc[summary["run"] == "batchnorm-b1-s1", "train_mode_acc"] = 11.0  # fails in both modes
+    write(cfg, "summary", summary)
+    (row,) = results.not_learned(cfg)
+    assert row["reproduced"] == "1 of 6: batchnorm-b1-s1"
+    assert "at or below chance + 5 points in every mode" in row["quantity"] and "chance is 10%" in row["quantity"]
+    assert "within" not in row["quantity"]
+
+
+def test_batch_size_says_bn_at_batch_1_did_not_learn_in_evaluation_mode_below_chance(tmp_path):
+    cfg = config.load("batch-size", preset="smoke", results_dir=str(tmp_path))
+    rows = []
+    for s, acc in enumerate([4.0, 5.0]):
+        rows.append({"run": f"batchnorm-b1-s{s}", "setting": "batchnorm-b1", "method": "batchnorm", "seed": s,
+                     "batch_size": 1, "initial_lr": 0.01, "label": batch_size.label("batchnorm", 1, 0.01),
+                     "epoch": 1, "updates": 24, "test_acc": acc})  # fmt: skip
+    epochs = pd.DataFrame(rows)
+    write(cfg, "curves", results.curves(epochs, batch_size.KEYS, carry=["updates"]))
+    write(cfg, "summary", summary_of(epochs, set()))
+    (row,) = [r for r in batch_size.headlines(cfg) if r["quantity"].startswith("final test accuracy")]
+    assert row["reproduced"] == "did not learn in evaluation mode (4.50%; chance is 10%)"
+
+
+# ---- C6: the timing table's ratio is the verdict's -------------------------------------------------------
+
+
+def test_the_timing_ratio_is_the_geometric_mean_of_per_seed_ratios_as_in_the_verdict():
+    """Seed 0's NormProp run hits a slow spell: the pooled medians and the paired ratio then differ.
+    Seed 4's BatchNorm run diverged: that seed has no pair."""
+    seconds = {"normprop": [3.0, 1.0, 1.1, 0.9], "batchnorm": [2.0, 1.2, 1.3, 1.25]}
+    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "status": "complete", "median_train_seconds": v}
+            for m, values in seconds.items() for s, v in enumerate(values)]  # fmt: skip
+    summary = pd.DataFrame(rows)
+    seed_4 = [{"run": "normprop-s4", "method": "normprop", "seed": 4, "status": "complete"},
+              {"run": "batchnorm-s4", "method": "batchnorm", "seed": 4, "status": "diverged"}]  # fmt: skip
+    summary = pd.concat([summary, pd.DataFrame(seed_4).assign(median_train_seconds=[0.5, 5.0])], ignore_index=True)
+    ratio, seeds = timing.paired_ratio(summary, "normprop", "batchnorm")
+    per_seed = pd.DataFrame({"seed": range(4), "normprop": seconds["normprop"], "baseline": seconds["batchnorm"]})
+    assert seeds == 4 and ratio == pytest.approx(1.0 - rule.speedup(per_seed).effect, rel=1e-12)
+    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "epoch": e, "train_seconds": v, "images_per_second": 1 / v,
+             "device": "cpu", "host": "h"} for m, values in seconds.items() for s, v in enumerate(values)
+            for e in (1, 2, 3)]  # fmt: skip
+    epochs = pd.DataFrame(rows)
+    table = timing.timing_table(epochs, 1, {"normprop": 84.0, "batchnorm": 96.0}, summary).set_index("method")
+    assert table.loc["normprop", "ratio_vs_batchnorm"] == pytest.approx(ratio)
+    assert table.loc["normprop", "seeds_vs_batchnorm"] == 4
+    assert table.loc["batchnorm", "ratio_vs_batchnorm"] == pytest.approx(1.0)
+    pooled = np.median(seconds["normprop"] * 2) / np.median(seconds["batchnorm"] * 2)
+    assert table.loc["normprop", "pooled_ratio_vs_batchnorm"] == pytest.approx(pooled)
+    assert abs(pooled - ratio) > 0.01  # the two ratios differ here, and the table labels both
+
+
+def test_the_timing_ratio_is_what_the_c6_verdict_reads_from_the_same_summary(tmp_path):
+    seconds = {"normprop": [3.0, 1.0, 1.1], "batchnorm": [2.0, 1.2, 1.3]}
+    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "status": "complete", "median_train_seconds": v,
+             "device": "cpu"} for m, values in seconds.items() for s, v in enumerate(values)]  # fmt: skip
+    (tmp_path / "summary.csv").write_text(pd.DataFrame(rows).to_csv(index=False))
+    claim = next(c for c in rule.claims() if c.id == "C6")
+    measured = measures.c6_timing(claim, tmp_path, {"dataset": "digits"})
+    effect = measured.estimate(measured.table).effect
+    ratio, seeds = timing.paired_ratio(pd.DataFrame(rows), "normprop", "batchnorm")
+    assert seeds == 3 and ratio == pytest.approx(1.0 - effect, rel=1e-12)

@@ -1,13 +1,17 @@
-"""results/REPORT.md: first a verdict on each of the paper's claims (SPEC §10), then every experiment's
-figure and headline numbers beside the paper's, what produced them, and where the run departs from
-the paper's protocol. Reads files only, never a model.
+"""results/REPORT.md: first one table of verdicts on the paper's claims, a column per preset, then each
+preset's verdict table in full with the rule, then every experiment's figure and headline numbers
+beside the paper's, what produced them, and where the run departs from the paper's protocol. Reads
+files only, never a model.
 
-A results directory may hold other results trees one level down (results/cpu/ for the cpu preset):
-each gets its own verdict table, verdicts.csv and sections, after the top-level ones."""
+A results directory may hold other results trees one level down (results/cpu/ for the cpu preset,
+results/fashion/ for Fashion-MNIST): each gets a column of the first table, its own verdict table,
+verdicts.csv and sections, after the top-level ones."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +23,10 @@ from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
 from normprop_cli.experiments.results import format_ci
 from normprop_cli.verdicts import paper_datasets, provenance, result_dirs
+
+PRESET_ORDER = ("quick", "cpu", "fashion")  # the first table's columns; other presets follow by name
+CONCLUSIVE = (verdicts.REPRODUCED, verdicts.NOT_REPRODUCED)
+UNMEASURED = (verdicts.NOT_MEASURED, verdicts.NOT_YET_MEASURED)
 
 
 def results_trees(results: Path) -> list[Path]:
@@ -40,6 +48,40 @@ def label(tree: Path, root: Path, preset: str) -> str:
 # ---- verdicts -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """One results tree and its verdicts (verdicts.table)."""
+
+    path: Path
+    frame: pd.DataFrame
+
+    @property
+    def preset(self) -> str:
+        """The preset most of its rows ran with ('' when none says)."""
+        presets = self.frame["preset"].dropna()
+        presets = presets[presets != ""]
+        return str(presets.mode().iloc[0]) if len(presets) else ""
+
+    def rows(self) -> list[dict]:
+        """The verdict rows as dicts, None where a value is missing."""
+        return self.frame.astype(object).where(self.frame.notna(), None).to_dict("records")
+
+    def datasets(self) -> list[str]:
+        """The data sets its trained experiments ran on."""
+        trained = self.frame[(self.frame["experiment"] != "theory") & ~self.frame["verdict"].isin(UNMEASURED)]
+        return sorted(d for d in trained["dataset"].dropna().unique() if d)
+
+
+def ordered(trees: list[Tree], root: Path) -> list[Tree]:
+    """quick, cpu, fashion, then any other preset by name; the same preset: `root` first, then by path."""
+
+    def key(tree: Tree):
+        rank = PRESET_ORDER.index(tree.preset) if tree.preset in PRESET_ORDER else len(PRESET_ORDER)
+        return rank, tree.preset, tree.path != root, tree.path.as_posix()
+
+    return sorted(trees, key=key)
+
+
 def _effect(row: dict, unit: str) -> str:
     """'1.33 [0.20, 2.46] pp'; '—' where nothing was measured."""
     effect, low, high = (math.nan if row[k] is None else float(row[k]) for k in ("effect", "ci_low", "ci_high"))
@@ -48,25 +90,111 @@ def _effect(row: dict, unit: str) -> str:
     return f"{format_ci(effect, low, high, digits=2 if unit == 'pp' else 3)} {unit}".strip()
 
 
+def _halves(row: dict) -> str:
+    """'reproduced / inconclusive', with the halves rule's outcome where it is not plain agreement."""
+    check = row.get("halves")
+    text = f"{row['verdict_half_a']} / {row['verdict_half_b']}"
+    return text if check in (None, verdicts.AGREE) else f"{text}, {check}"
+
+
+def cell(row: dict, unit: str) -> str:
+    """'**reproduced** 0.52 [0.21, 0.83] pp, n=6 (halves: reproduced / inconclusive)'; 'not measured'."""
+    if row["verdict"] in UNMEASURED:
+        return row["verdict"]
+    halves = "no halves" if row.get("halves") == verdicts.NO_HALVES else f"halves: {_halves(row)}"
+    return f"**{row['verdict']}** {_effect(row, unit)}, n={row['n_seeds']} ({halves})"
+
+
+def column_names(trees: list[Tree], root: Path) -> list[str]:
+    """'quick (digits)'; where two trees share a preset, where each is too: 'smoke (synthetic, `cpu/`)'."""
+    presets = [t.preset or t.path.name or "results" for t in trees]
+    names = []
+    for tree, preset in zip(trees, presets, strict=True):
+        where = [] if presets.count(preset) == 1 else [f"`{tree.path.relative_to(root).as_posix() or '.'}/`"]
+        names.append(f"{preset} ({', '.join(tree.datasets() + where)})" if tree.datasets() or where else preset)
+    return names
+
+
+def claims_cell(rows: list[dict], unit: str) -> str:
+    """One tree's rows of one claim: one cell, the data set named where there are several."""
+    if not rows:
+        return verdicts.NOT_MEASURED
+    if len(rows) == 1:
+        return cell(rows[0], unit)
+    return "<br>".join(f"{r['dataset']}: {cell(r, unit)}" for r in rows)
+
+
+def summary_table(trees: list[Tree], root: Path) -> list[str]:
+    """The first table of REPORT.md: a row per claim, a column per tree (preset)."""
+    names = column_names(trees, root)
+    lines = ["| claim | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    rows = [t.rows() for t in trees]
+    for c in verdicts.claims():
+        cells = [claims_cell([r for r in tree_rows if r["claim"] == c.id], c.unit) for tree_rows in rows]
+        lines.append(f"| {c.id}: {c.claim} ({c.source}) | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def conclusive(trees: list[Tree], claim_id: str) -> list[tuple[str, str, str]]:
+    """(data set, preset, verdict) of every conclusive verdict on a claim, over the trees."""
+    return [
+        (r["dataset"], t.preset, r["verdict"])
+        for t in trees
+        for r in t.rows()
+        if r["claim"] == claim_id and r["verdict"] in CONCLUSIVE and r["dataset"]
+    ]
+
+
+def disagreement(claim_id: str, entries: list[tuple[str, str, str]]) -> str | None:
+    """'C4 (digits: not reproduced; fashion-mnist: reproduced)' where two conclusive verdicts on
+    different data sets differ (a data set with several presets is named with each); None otherwise."""
+    if not any(a[0] != b[0] and a[2] != b[2] for a, b in combinations(entries, 2)):
+        return None
+    datasets = [d for d, _, _ in entries]
+    names = [d if datasets.count(d) == 1 else f"{d} ({p})" for d, p, _ in entries]
+    return f"{claim_id} ({'; '.join(f'{n}: {v}' for n, (_, _, v) in zip(names, entries, strict=True))})"
+
+
+def disagreements(trees: list[Tree]) -> str:
+    """One sentence: the claims whose conclusive verdicts differ between presets on different data sets."""
+    found = [d for c in verdicts.claims() if (d := disagreement(c.id, conclusive(trees, c.id)))]
+    if found:
+        return f"The data sets disagree on {', '.join(found[:-1]) + ' and ' if len(found) > 1 else ''}{found[-1]}."
+    measured = sorted({d for t in trees for d in t.datasets()})
+    where = f" ({', '.join(measured)})" if measured else ""
+    return f"No conclusive verdicts disagree between the data sets{where}."
+
+
+def _kind(row: dict, claim: verdicts.Claim) -> str:
+    """'equivalence, 90%: ±0.84 pp': the test's kind, its interval's level and its threshold."""
+    if row["verdict"] in UNMEASURED or not claim.kind:
+        return "—"
+    margin = math.nan if row.get("margin") is None else float(row["margin"])
+    threshold = verdicts.threshold_text(claim.kind, margin, claim.unit)
+    if claim.kind != verdicts.SUPERIORITY and not math.isfinite(margin):
+        threshold = "no margin"
+    return f"{claim.kind}, {verdicts.level_of(claim.kind):.0%}: {threshold}"
+
+
 def verdict_table(frame: pd.DataFrame) -> list[str]:
-    """claim | verdict | effect [95% CI] | n seeds | halves a / b | test | budget, and the notes."""
+    """claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test |
+    budget, and the notes."""
     claims = {c.id: c for c in verdicts.claims()}
     lines = [
-        "| claim | verdict | effect [95% CI] | n seeds | halves a / b | test | budget |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test | budget |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     notes = []
-    for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
+    for row in Tree(Path(), frame).rows():
         c = claims[row["claim"]]
-        measured = row["verdict"] not in (verdicts.NOT_MEASURED, verdicts.NOT_YET_MEASURED)
-        halves = f"{row['verdict_half_a']} / {row['verdict_half_b']}" if measured else "—"
-        effect = _effect(row, c.unit)
+        measured = row["verdict"] not in UNMEASURED
         cells = [
             f"{c.id}: {c.claim} ({c.source})",
             f"**{row['verdict']}**",
-            effect,
+            _effect(row, c.unit),
             str(row["n_seeds"]) if row["n_seeds"] is not None else "—",
-            halves,
+            _kind(row, c),
+            _halves(row) if measured else "—",
             row["test"] or "—",
             row["budget"] or "—",
         ]
@@ -76,6 +204,22 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
             where = f" ({row['dataset']})" if row["dataset"] else ""
             notes.append(f"- **{c.id}**{where}. " + ". ".join(p for p in parts if p) + ".")
     return lines + [""] + notes + [""]
+
+
+def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
+    """'## Verdicts': the table of every preset, the sentence on the data sets, each preset's table in
+    full, the rule."""
+    lines = ["## Verdicts", "", *summary_table(trees, root), disagreements(trees), ""]
+    lines += [
+        "Each cell: the verdict, the effect with its interval (95%, 90% for an equivalence claim) in the "
+        "claim's unit, the number of seeds, and the verdicts on the two halves of the seeds. Each preset's "
+        "table in full, with the margins, the halves rule's outcome and the notes, follows; the rule is "
+        "under *How a verdict is reached*.",
+        "",
+    ]
+    for tree in trees:
+        lines += [f"### {label(tree.path, root, tree.preset)}", "", *verdict_table(tree.frame)]
+    return lines + ["### How a verdict is reached", "", verdicts.rule_text(), ""]
 
 
 # ---- the experiments' sections ----------------------------------------------------------------------
@@ -121,7 +265,7 @@ def augments(directory: Path) -> bool:
 
 
 def augmentation(dataset: str, mode: str | None) -> list[str]:
-    """The paper flips CIFAR images (section 5.5, SPEC §6.1); what the runs did instead, if not that."""
+    """The paper flips CIFAR images (section 5.5); what the runs did instead, if not that."""
     if mode is None or mode == "flip" or dataset in ("cifar10", "cifar100"):
         return []
     if mode == "translate":
@@ -201,26 +345,19 @@ def experiments(tree: Path, root: Path) -> list[str]:
 def write_report(results: Path) -> Path:
     """REPORT.md in `results`, and verdicts.csv in every results tree found there."""
     results = Path(results)
-    trees = results_trees(results)
+    trees = [Tree(path, verdicts.table(path)) for path in results_trees(results)]
+    for tree in trees:
+        verdicts.write_verdicts(tree.path, tree.frame)
     lines = [
         "# NormProp reproduction report",
         "",
         "Every experiment of Arpit et al. (ICML 2016), reproduced by `normprop`; written by "
         "`normprop report` from the CSVs under this directory.",
         "",
-        "## Verdicts",
-        "",
     ]
-    labels = []
-    for tree in trees:
-        frame = verdicts.table(tree)
-        verdicts.write_verdicts(tree, frame)
-        presets = frame["preset"].dropna()
-        labels.append(str(presets.mode().iloc[0]) if len(presets) else "")
-        lines += [f"### {label(tree, results, labels[-1])}", ""] + verdict_table(frame)
-    lines += ["### How a verdict is reached", "", verdicts.rule_text(), ""]
+    lines += verdicts_section(ordered(trees, results), results)
     lines += experiments(results, results)
-    for tree, preset in zip(trees[1:], labels[1:], strict=True):
-        lines += [f"# {preset or tree.name} preset (`{tree.relative_to(results).as_posix()}/`)", ""]
-        lines += experiments(tree, results)
+    for tree in trees[1:]:
+        lines += [f"# {tree.preset or tree.path.name} preset (`{tree.path.relative_to(results).as_posix()}/`)", ""]
+        lines += experiments(tree.path, results)
     return io.write_text(results / "REPORT.md", "\n".join(lines).rstrip() + "\n")

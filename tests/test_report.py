@@ -2,13 +2,15 @@
 beside the paper's, for the results tree and any nested one (results/cpu/)."""
 
 import shutil
+from pathlib import Path
 
 import pandas as pd
 
 from normprop_cli import report, verdicts
 from normprop_cli.experiments import RUNNERS, table1
+from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
 
-TABLE_HEAD = "| claim | verdict | effect [95% CI] | n seeds | halves a / b | test | budget |"
+TABLE_HEAD = "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test | budget |"
 
 
 def test_report_renders_with_experiments_missing_and_names_them(cli):
@@ -42,8 +44,17 @@ def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, monkey
     assert cli("report", "--results-dir", cli.results).exit_code == 0
     text = (cli.results / "REPORT.md").read_text()
     lines = text.splitlines()
-    # "## Verdicts" is the first section, with one table per tree, then the rule, then the experiments
+    # "## Verdicts" is the first section: one table with a column per tree, the sentence on the data
+    # sets, then each tree's table in full, then the rule, then the experiments
     assert [line for line in lines if line.startswith("## ")][0] == "## Verdicts"
+    start = lines.index("## Verdicts")
+    assert lines[start + 2] == "| claim | smoke (synthetic, `./`) | smoke (synthetic, `cpu/`) |"
+    c5_cells = next(line for line in lines[start:] if line.startswith("| C5: ")).strip("| ").split(" | ")[1:]
+    assert len(c5_cells) == 2 and all(
+        c.startswith("**inconclusive** ") and c.endswith(", n=1 (no halves)") for c in c5_cells
+    )
+    sentence = lines.index("No conclusive verdicts disagree between the data sets (synthetic).")
+    assert start < sentence < lines.index("### smoke preset (`verdicts.csv`)")
     assert lines.index("### smoke preset (`verdicts.csv`)") < lines.index("### smoke preset (`cpu/verdicts.csv`)")
     assert text.count(TABLE_HEAD) == 2
     assert text.index("### How a verdict is reached") < text.index("## table1")
@@ -60,6 +71,8 @@ def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, monkey
         assert list(frame.columns) == verdicts.COLUMNS
         assert list(frame["claim"]) == [f"C{i}" for i in range(1, 9)]
         assert frame.set_index("claim").loc["C5", "n_seeds"] == 1
+        assert frame.set_index("claim").loc["C5", "halves"] == verdicts.NO_HALVES
+        assert frame.set_index("claim").loc["C5", "margin"] > 0  # 0.1 of BatchNorm's test error
     # the nested tree's sections come after the top-level ones, its figures linked from results/
     assert "# smoke preset (`cpu/`)" in lines
     assert lines.index("# smoke preset (`cpu/`)") > lines.index("## table1 — Table 1, section 5.5")
@@ -80,3 +93,66 @@ def test_report_of_an_empty_results_directory_lists_everything_missing(cli):
     text = (cli.results / "REPORT.md").read_text()
     assert f"Missing experiments: {', '.join(RUNNERS)}." in text
     assert "## Verdicts" in text and text.count("| **not measured** |") == 8
+
+
+def made_up(preset: str, dataset: str, verdict_of: dict[str, str]) -> pd.DataFrame:
+    """A verdict table: the claims in verdict_of measured on `dataset` (0.50 [0.20, 0.80], 6 seeds,
+    halves reproduced / inconclusive), the others not measured."""
+    rows = []
+    for c in verdicts.claims():
+        v = verdict_of.get(c.id, NOT_MEASURED)
+        row = {"dataset": "", "preset": preset, "claim": c.id, "experiment": c.experiment, "verdict": v}
+        if v != NOT_MEASURED:
+            row |= {"dataset": dataset, "effect": 0.5, "ci_low": 0.2, "ci_high": 0.8, "n_seeds": 6, "margin": 1.0,
+                    "verdict_half_a": REPRODUCED, "verdict_half_b": INCONCLUSIVE, "halves": verdicts.AGREE}  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows).reindex(columns=verdicts.COLUMNS).astype({"n_seeds": "Int64"})
+
+
+def test_the_verdicts_table_has_a_column_per_preset_and_says_where_the_data_sets_disagree():
+    root = Path("results")
+    quick = report.Tree(
+        root, made_up("quick", "digits", {"C1": REPRODUCED, "C4": NOT_REPRODUCED, "C5": NOT_REPRODUCED})
+    )
+    cpu = report.Tree(root / "cpu", made_up("cpu", "digits", {"C4": INCONCLUSIVE}))
+    fashion = report.Tree(
+        root / "fashion", made_up("fashion", "fashion-mnist", {"C4": REPRODUCED, "C5": NOT_REPRODUCED})
+    )
+    other = report.Tree(root / "a-paper-run", made_up("paper", "cifar10", {}))
+    trees = report.ordered([fashion, other, cpu, quick], root)
+    assert [t.path.name for t in trees] == ["results", "cpu", "fashion", "a-paper-run"]  # then the others by name
+    lines = report.summary_table(trees, root)
+    assert lines[0] == "| claim | quick (digits) | cpu (digits) | fashion (fashion-mnist) | paper |"
+    c1 = next(line for line in lines if line.startswith("| C1: "))
+    assert c1.endswith(
+        "| **reproduced** 0.50 [0.20, 0.80] pp, n=6 (halves: reproduced / inconclusive) | not measured "
+        "| not measured | not measured |"
+    )
+    assert len(lines) == 2 + 8 + 1 and lines[-1] == ""
+    # C4: conclusive and different on digits and on fashion-mnist; C5: the same on both
+    assert report.disagreements(trees) == (
+        "The data sets disagree on C4 (digits: not reproduced; fashion-mnist: reproduced)."
+    )
+    cpu = report.Tree(root / "cpu", made_up("cpu", "digits", {"C4": NOT_REPRODUCED, "C1": NOT_REPRODUCED}))
+    assert report.disagreements([quick, cpu, fashion]) == (
+        "The data sets disagree on C4 (digits (quick): not reproduced; digits (cpu): not reproduced; "
+        "fashion-mnist: reproduced)."
+    )  # C1 differs between two presets on the same data set: not a data set's disagreement
+    fashion = report.Tree(root / "fashion", made_up("fashion", "fashion-mnist", {"C4": INCONCLUSIVE}))
+    assert report.disagreements([quick, fashion]) == (
+        "No conclusive verdicts disagree between the data sets (digits, fashion-mnist)."
+    )
+
+
+def test_each_presets_full_table_shows_the_kind_level_margin_and_halves():
+    frame = made_up("quick", "digits", {"C1": REPRODUCED, "C5": NOT_REPRODUCED, "C6": REPRODUCED})
+    frame.loc[frame["claim"] == "C5", "halves"] = "estimates on opposite sides of -1 pp"
+    lines = report.verdict_table(frame)
+    assert lines[0] == TABLE_HEAD
+    row = {line.split(":")[0].strip("| "): line for line in lines if line.startswith("| C")}
+    assert "| equivalence, 90%: ±1 pp | reproduced / inconclusive |" in row["C1"]
+    assert (
+        "| non-inferiority, 95%: -1 pp | reproduced / inconclusive, estimates on opposite sides of -1 pp |" in row["C5"]
+    )
+    assert "| superiority, 95%: 0 |" in row["C6"]
+    assert "| **not measured** | — | — | — | — |" in row["C2"]

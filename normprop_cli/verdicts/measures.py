@@ -15,12 +15,15 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config
 from normprop_cli.experiments.results import NEAR_CHANCE, format_ci, learned_flags
+from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
     Claim,
     Estimate,
+    level_of,
     one_sample,
     paired,
+    paired_interval,
     speedup,
     spread_difference,
     t_interval,
@@ -41,6 +44,9 @@ class Measurement:
     test: str
     metric: dict = field(default_factory=dict)  # values for the claim's {placeholders}
     notes: list[str] = field(default_factory=list)
+    # the baseline's test error (%, mean over all seeds) that a claim's relative margin is a fraction
+    # of (Claim.relative_to); NaN where the claim has none
+    reference: float = math.nan
 
 
 def read(path: Path, columns) -> pd.DataFrame:
@@ -55,10 +61,16 @@ def read(path: Path, columns) -> pd.DataFrame:
 
 
 def finished(summary: pd.DataFrame, value: str) -> pd.DataFrame:
-    """Runs that ended (complete or diverged: a diverged run keeps its last finite metrics), with a
-    finite `value`."""
-    done = summary[summary["status"].isin(["complete", "diverged"])] if "status" in summary else summary
+    """Complete runs with a finite `value`. Diverged runs are counted apart (diverged_note), never
+    averaged into an effect: their last finite metrics stay in the CSVs."""
+    done = summary[summary["status"] == "complete"] if "status" in summary else summary
     return done[np.isfinite(pd.to_numeric(done[value], errors="coerce"))]
+
+
+def error_of(runs: pd.DataFrame, column: str = "final_test_acc") -> float:
+    """Mean test error (%) over the runs: the reference a relative margin is a fraction of."""
+    values = pd.to_numeric(runs[column], errors="coerce")
+    return float(100.0 - values.mean()) if "acc" in column else float(values.mean())
 
 
 def not_learned(summary: pd.DataFrame) -> pd.Series:
@@ -74,9 +86,18 @@ def learned_note(runs: pd.DataFrame) -> list[str]:
     return [f"{k} of {len(runs)} runs did not learn (final accuracy {NEAR_CHANCE}); they count"]
 
 
-def diverged_note(runs: pd.DataFrame) -> list[str]:
-    k = int((runs["status"] == "diverged").sum()) if "status" in runs else 0
-    return [f"{k} run(s) diverged; their last finite metrics count"] if k else []
+def diverged_note(runs: pd.DataFrame, by: str | None = None) -> list[str]:
+    """'k of n runs diverged (...): counted apart, their seeds' pairs left out of the effect'. `runs` is
+    the summary before `finished` (all statuses); `by` names the column that tells the arms apart."""
+    if "status" not in runs:
+        return []
+    bad = runs[runs["status"] == "diverged"]
+    if not len(bad):
+        return []
+    where = ""
+    if by and by in bad:
+        where = " (" + ", ".join(f"{key}: {len(g)}" for key, g in bad.groupby(by, sort=False)) + ")"
+    return [f"{len(bad)} of {len(runs)} runs diverged{where}: counted apart, their seeds' pairs left out of the effect"]
 
 
 def per_seed(runs: pd.DataFrame, value: str, column: str, normprop, baseline, within: str | None = None):
@@ -94,42 +115,58 @@ def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     summary = read(sweep / "summary.csv", ["seed", "data_norm", "batch_size", "final_test_acc"])
     runs = finished(summary, "final_test_acc")
     table = per_seed(runs, "final_test_acc", "data_norm", "global", "batch", within="batch_size")
+    reference = error_of(runs[(runs["data_norm"] == "batch") & runs["seed"].isin(table["seed"])])
     sizes = "/".join(str(int(b)) for b in sorted(runs["batch_size"].unique()))
     notes = ["normprop = global data normalisation, baseline = batch data normalisation (both NormProp)"]
     for size, runs_of_size in runs.groupby("batch_size"):  # where the effect comes from
         e = one_sample(+1)(per_seed(runs_of_size, "final_test_acc", "data_norm", "global", "batch"))
-        stopped = int((runs_of_size.get("status") == "diverged").sum()) if "status" in runs_of_size else 0
-        notes.append(f"at batch {int(size)}: {format_ci(e.effect, e.ci_low, e.ci_high)} pp over {e.n_seeds} seeds"
-                     + (f", {stopped} run(s) diverged" if stopped else ""))  # fmt: skip
+        notes.append(f"at batch {int(size)}: {format_ci(e.effect, e.ci_low, e.ci_high)} pp over {e.n_seeds} seeds")
     return Measurement(
         table,
         one_sample(+1),
         "one-sample t on per-seed differences",
         {"sizes": sizes},
-        notes + learned_note(runs) + diverged_note(runs),
+        notes + learned_note(runs) + diverged_note(summary, "setting"),
+        reference,
     )
 
 
 def c2_covariate_shift(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    population = read(sweep / "population.csv", ["run", "method", "seed", "layer", "epoch", "avg_drift"])
+    """Per run, each hidden unit's max(|mean|, |std - 1|) in the N(0, 1) units the paper aims at
+    (probes.PopulationProbe's avg_deviation), averaged over layers at the final epoch; paired by
+    seed, BatchNorm minus NormProp. The epoch-to-epoch shift, the drift from initialisation (in each
+    unit's initial std) and the paper's probed-unit metric are notes beside it."""
+    population = read(sweep / "population.csv", ["run", "method", "seed", "layer", "epoch", "avg_deviation"])
     notes = []
     summary = sweep / "summary.csv"
     if summary.exists():
         s = pd.read_csv(summary)
         compared = s["method"].isin(["normprop", "batchnorm"]) if "method" in s else True
         out = set(s.loc[not_learned(s) & compared, "run"]) if "run" in s else set()
+        if "status" in s and "run" in s:
+            out |= set(s.loc[(s["status"] == "diverged") & compared, "run"])
         if out:
             population = population[~population["run"].isin(out)]
-            notes.append(f"{len(out)} run(s) that did not learn left out: {', '.join(sorted(out))}")
+            notes.append(f"{len(out)} run(s) that diverged or did not learn left out: {', '.join(sorted(out))}")
     last = population["epoch"] == population.groupby("run")["epoch"].transform("max")
-    runs = population[last].groupby(["run", "method", "seed"], as_index=False)["avg_drift"].mean()
+    final = population[last]
+    runs = final.groupby(["run", "method", "seed"], as_index=False)["avg_deviation"].mean()
     try:
-        table = per_seed(runs, "avg_drift", "method", "normprop", "batchnorm")
+        table = per_seed(runs, "avg_deviation", "method", "normprop", "batchnorm")
     except NotMeasured:
         if not notes:
             raise
         table = pd.DataFrame(columns=["seed", "normprop", "baseline"], dtype=float)  # ran, but nothing learned
         notes.append("no seed where both NormProp and BatchNorm learned")
+    notes.append("normprop / baseline = mean over units and layers of max(|mean|, |std - 1|), final epoch")
+    for column, what in (
+        ("avg_shift", "the shift from the previous epoch, max(|change of mean|, |change of std|) per unit"),
+        ("avg_drift", "the drift from initialisation in each unit's own initial std (method-dependent units)"),
+    ):
+        if column in final:
+            by = final.groupby(["method", "run"])[column].mean().groupby("method").mean()
+            text = ", ".join(f"{m} {by[m]:.3f}" for m in ("normprop", "batchnorm") if m in by)
+            notes.append(f"{what}, final epoch, mean over layers: {text}")
     probes = sweep / "probes.csv"
     if probes.exists():
         p = pd.read_csv(probes)
@@ -145,10 +182,6 @@ def c2_covariate_shift(claim: Claim, sweep: Path, prov: dict) -> Measurement:
             )
             draws = int(p["draw"].nunique()) if "draw" in p else 1
             notes.append(f"the paper's metric, average |final mean| of a probed unit per layer ({draws} draws): {text}")
-    if "median_drift" in population:
-        medians = population[last].groupby("method")["median_drift"].mean()
-        text = ", ".join(f"{m} {medians[m]:.2f}" for m in ("normprop", "batchnorm") if m in medians)
-        notes.append(f"the median over units instead of the mean, final epoch, mean over layers: {text}")
     return Measurement(table, paired(-1), "paired t over seeds", {}, notes)
 
 
@@ -160,6 +193,17 @@ def early_epochs(prov: dict) -> int:
     return int(value or EARLY_EPOCHS)
 
 
+LOGIT_CLIP = 1e-3  # errors are clipped to [0.1%, 99.9%] before the logit (a perfect epoch stays finite)
+
+
+def logit_error(accuracy: pd.Series) -> pd.Series:
+    """logit of the test error, log(e / (1 - e)) with e = 1 - accuracy / 100: a scale on which a
+    method's spread over seeds is not smaller merely because its accuracy is higher (the binomial sd
+    of an error e is proportional to sqrt(e (1 - e)); the logit divides it out to first order)."""
+    e = (1.0 - accuracy / 100.0).clip(LOGIT_CLIP, 1.0 - LOGIT_CLIP)
+    return np.log(e / (1.0 - e))
+
+
 def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     epochs = read(sweep / "epochs.csv", ["method", "seed", "epoch", "test_acc"])
     wanted = early_epochs(prov)
@@ -167,10 +211,17 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     early = epochs[
         (epochs["epoch"] >= 1) & (epochs["epoch"] <= window) & epochs["method"].isin(["normprop", "batchnorm"])
     ]
-    table = early.groupby(["method", "seed"], as_index=False)["test_acc"].mean().rename(columns={"test_acc": "value"})
+    early = early.assign(value=logit_error(early["test_acc"]))
+    table = early.groupby(["method", "seed"], as_index=False)["value"].mean()
     if set(table["method"]) != {"normprop", "batchnorm"}:
         raise NotMeasured("epochs.csv lacks NormProp or BatchNorm runs")
-    notes = ["normprop / baseline = the sd over seeds (pp) of NormProp's / BatchNorm's early accuracy"]
+    notes = [
+        "normprop / baseline = the sd over seeds of NormProp's / BatchNorm's mean logit(test error) over epochs "
+        f"1-{window} (the logit scale does not reward a lower accuracy with a wider spread)"
+    ]
+    pp = early.groupby(["method", "seed"])["test_acc"].mean().groupby("method").agg(["mean", "std"])
+    scale = ", ".join(f"{m} {pp.loc[m, 'mean']:.2f}% ({pp.loc[m, 'std']:.2f} pp)" for m in ("normprop", "batchnorm"))
+    notes.append(f"on the accuracy scale, mean (sd over seeds) of the early accuracy: {scale}")
     if window < wanted:
         notes.append(f"the runs have only {window} epoch(s); the window is cut to them")
     if (sweep / "summary.csv").exists():
@@ -180,20 +231,42 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
 
 
 def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    summary = read(sweep / "summary.csv", ["method", "batch_size", "seed", "final_test_acc"])
-    runs = finished(summary[summary["method"] == "normprop"], "final_test_acc")
+    """NormProp at batch 1 minus at the largest batch size, paired by seed, at equal epochs (the paper's
+    axis: each batch 1 run with the most updates). Where a batch-1 setting trains with as many updates
+    as the largest batch (train.max_steps), the same difference at equal updates is a note, with its
+    interval at the claim's level."""
+    columns = ["method", "setting", "batch_size", "seed", "final_test_acc", "updates"]
+    summary = read(sweep / "summary.csv", columns)
+    normprop = summary[summary["method"] == "normprop"]
+    runs = finished(normprop, "final_test_acc")
     sizes = sorted(int(b) for b in runs["batch_size"].unique())
     if 1 not in sizes or len(sizes) < 2:
         raise NotMeasured("no NormProp runs at batch 1 and at a larger batch size")
-    runs = runs[runs["batch_size"].isin([1, sizes[-1]])]
-    table = per_seed(runs, "final_test_acc", "batch_size", 1, sizes[-1])
-    notes = [f"normprop = batch 1, baseline = batch {sizes[-1]} (both NormProp)"]
+    largest = runs[runs["batch_size"] == sizes[-1]]
+    ones = runs[runs["batch_size"] == 1]
+    per_setting = ones.groupby("setting")["updates"].max()
+    epochs_setting = per_setting.idxmax()
+    reference = error_of(largest)
+    pick = pd.concat([ones[ones["setting"] == epochs_setting], largest])
+    table = per_seed(pick, "final_test_acc", "batch_size", 1, sizes[-1])
+    top_updates = int(largest["updates"].max())
+    notes = [f"normprop = batch 1 ({epochs_setting}, {int(per_setting.max()):,} updates), baseline = batch "
+             f"{sizes[-1]} ({top_updates:,} updates), both NormProp, equal epochs"]  # fmt: skip
+    equal = [s for s, u in per_setting.items() if s != epochs_setting and int(u) == top_updates]
+    if equal:
+        same = per_seed(pd.concat([ones[ones["setting"] == equal[0]], largest]), "final_test_acc", "batch_size", 1,
+                        sizes[-1])  # fmt: skip
+        level = level_of(claim.kind)
+        mean, low, high = paired_interval(same["normprop"], same["baseline"], level=level)
+        notes.append(f"at equal updates ({equal[0]}: {top_updates:,} updates at batch 1): "
+                     f"{format_ci(mean, low, high)} pp ({level:.0%} interval, {len(same)} seeds)")  # fmt: skip
     return Measurement(
         table,
         paired(+1),
         "paired t over seeds",
         {"largest": sizes[-1]},
-        notes + learned_note(runs) + diverged_note(runs),
+        notes + learned_note(runs) + diverged_note(normprop, "setting"),
+        reference,
     )
 
 
@@ -201,6 +274,7 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     summary = read(sweep / "summary.csv", ["method", "augment", "seed", "final_test_error"])
     runs = finished(summary, "final_test_error")
     table = per_seed(runs, "final_test_error", "method", "normprop", "batchnorm", within="augment")
+    reference = float(table["baseline"].mean())
     augment = "/".join(str(a) for a in runs["augment"].unique())
     notes = ["normprop / baseline = test error (%)"]
     return Measurement(
@@ -208,7 +282,8 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
         one_sample(-1),
         "one-sample t on per-seed differences",
         {"augment": augment},
-        notes + learned_note(runs) + diverged_note(runs),
+        notes + learned_note(runs) + diverged_note(summary, "setting"),
+        reference,
     )
 
 
@@ -267,48 +342,7 @@ def c7_theory(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )
 
 
-# ---- C8 (normprop run activations): NormProp minus BatchNorm, same activation, paired by seed -------
-
-ACCURACY = "final_test_acc"  # the column C8 compares, in summary.csv
-GAP_COLUMNS = ["seed", "activation", "normprop", "batchnorm", "gap"]
-WORST_COLUMNS = [*GAP_COLUMNS, "reference_gap", "relative"]
-REFERENCE = "relu"  # C8 measures every other activation against NormProp's standing with ReLU
-
-
-def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
-    """GAP_COLUMNS: per seed and activation, the final test accuracy (%) of NormProp and of BatchNorm and
-    gap = NormProp minus BatchNorm; runs that ended (complete, or diverged with their last finite
-    metrics) only, and only the (seed, activation) pairs where both methods have one. `value`: another
-    accuracy column (epochs.csv's test_acc, one epoch's rows)."""
-    if not len(summary) or value not in summary:
-        return pd.DataFrame(columns=GAP_COLUMNS)
-    ended = summary["status"].isin(["complete", "diverged"]) if "status" in summary else True
-    runs = summary[ended & np.isfinite(pd.to_numeric(summary[value], errors="coerce"))]
-    wide = runs.pivot_table(index=["seed", "activation"], columns="method", values=value, aggfunc="mean")
-    if not {"normprop", "batchnorm"} <= set(wide.columns):
-        return pd.DataFrame(columns=GAP_COLUMNS)
-    wide = wide[["normprop", "batchnorm"]].dropna().reset_index()
-    order = {a: i for i, a in enumerate(dict.fromkeys(summary["activation"]))}  # the grid's order
-    wide = wide.sort_values(["seed", "activation"], key=lambda c: c.map(order) if c.name == "activation" else c)
-    return wide.assign(gap=wide["normprop"] - wide["batchnorm"])[GAP_COLUMNS].reset_index(drop=True)
-
-
-def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
-    """WORST_COLUMNS: per seed that has a pair for every activation of `gaps`, the activation other than
-    `reference` whose gap (NormProp minus BatchNorm) falls furthest below the reference's gap of that
-    seed: relative = gap - reference_gap. So C8 asks what moving off ReLU costs NormProp against
-    BatchNorm, not C5's question of how the two compare with ReLU. Its mean over seeds is at most the
-    smallest of the activations' mean relative gaps (E[min] <= min E): a conservative effect."""
-    if not len(gaps) or reference not in set(gaps["activation"]):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    k = gaps["activation"].nunique()
-    g = gaps[gaps.groupby("seed")["activation"].transform("nunique") == k]
-    ref = g[g["activation"] == reference].set_index("seed")["gap"]
-    others = g[g["activation"] != reference].assign(reference_gap=lambda d: d["seed"].map(ref))
-    if not len(others):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    others = others.assign(relative=others["gap"] - others["reference_gap"])
-    return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
+# ---- C8 (normprop run activations): gaps.py pairs NormProp and BatchNorm by seed and activation ------
 
 
 def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
@@ -319,6 +353,7 @@ def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     summary = read(sweep / "summary.csv", ["method", "activation", "seed", ACCURACY])
     runs = finished(summary, ACCURACY)
     gaps = paired_gaps(runs)
+    reference_runs = runs[(runs["method"] == "batchnorm") & (runs["activation"] == REFERENCE)]
     worst = worst_per_seed(gaps)
     if not len(worst):
         raise NotMeasured(f"no seed with NormProp and BatchNorm runs of every activation, {REFERENCE} included")
@@ -339,7 +374,8 @@ def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
         one_sample(+1),
         "one-sample t on per-seed worst differences",
         {"activations": "/".join(names), "reference": REFERENCE},
-        notes + learned_note(runs) + diverged_note(runs),
+        notes + learned_note(runs) + diverged_note(summary, "setting"),
+        error_of(reference_runs[reference_runs["seed"].isin(table["seed"])]),
     )
 
 

@@ -1,6 +1,7 @@
-"""The rule behind every verdict (SPEC §10): the claims of conf/claims.yaml, the decision on a 95%
-interval, and the estimates that give an effect and its interval from a per-seed table (scipy.stats:
-a one-sample or paired t interval, or a percentile bootstrap)."""
+"""The rule behind every verdict: the claims of conf/claims.yaml, the three kinds of test (each on an
+interval at its own level), the margins (relative to a baseline's error where a claim says so), the
+halves rule, and the estimates that give an effect and its interval from a per-seed table
+(scipy.stats: a one-sample or paired t interval, or a percentile bootstrap)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config
 
-LEVEL = 0.95
+LEVEL = 0.95  # superiority and non-inferiority
+EQUIVALENCE_LEVEL = 0.90  # equivalence: two one-sided tests at 5%
 RESAMPLES = 9_999  # bootstrap resamples (C3)
 BOOTSTRAP_SEED = 2016
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 NOT_MEASURED, NOT_YET_MEASURED = "not measured", "not yet measured"
-SUPERIORITY, NON_INFERIORITY = "superiority", "non-inferiority"
+SUPERIORITY, NON_INFERIORITY, EQUIVALENCE = "superiority", "non-inferiority", "equivalence"
+AGREE, OPPOSITE_VERDICTS, NO_HALVES = "agree", "opposite verdicts", "no halves"  # the `halves` column
 
 
-# ---- the claims and the rule -----------------------------------------------------------------------
+# ---- the claims ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,8 @@ class Claim:
     claim: str
     source: str
     experiment: str
-    kind: str | None  # superiority | non-inferiority; None: no rule yet
-    margin: float | None  # non-inferiority: how far below 0 the effect may lie, in `unit`
+    kind: str | None  # superiority | non-inferiority | equivalence; None: no rule yet
+    margin: float | None  # in `unit`, or the fraction of the baseline's error named by relative_to
     unit: str
     metric: str
     relative_to: str | None = None  # the margin is this fraction of the named baseline error (pp)
@@ -48,18 +51,62 @@ def claims() -> tuple[Claim, ...]:
     return tuple(Claim(id=key, **value) for key, value in raw["claims"].items())
 
 
+def level_of(kind: str | None) -> float:
+    """The level of the interval a kind of test reads: 90% for equivalence (two one-sided tests at
+    5%), 95% otherwise."""
+    return EQUIVALENCE_LEVEL if kind == EQUIVALENCE else LEVEL
+
+
+def absolute_margin(claim: Claim, reference: float = math.nan) -> float:
+    """The margin in the claim's unit: claim.margin itself, or, where the claim's margin is relative
+    (relative_to), claim.margin * reference, the baseline's error (%) measured on all seeds; NaN
+    where such a reference is missing."""
+    margin = float(claim.margin or 0.0)
+    return margin * float(reference) if claim.relative_to else margin
+
+
+# ---- the rule -----------------------------------------------------------------------------------------
+
+
 def verdict(kind: str, ci_low: float, ci_high: float, margin: float = 0.0, n_seeds: int = 2) -> str:
-    """The rule. Superiority: reproduced if ci_low > 0, not reproduced if ci_high < 0.
-    Non-inferiority with margin delta: reproduced if ci_low > -delta, not reproduced if
-    ci_high < -delta. Otherwise, and with fewer than 2 seeds (no interval): inconclusive."""
-    if n_seeds < 2 or not (math.isfinite(ci_low) and math.isfinite(ci_high)):
+    """The rule on an interval (at level_of(kind)) and an absolute margin m >= 0.
+    Superiority: reproduced if ci_low > 0, not reproduced if ci_high < 0.
+    Non-inferiority: reproduced if ci_low > -m, not reproduced if ci_high < -m.
+    Equivalence: reproduced if -m < ci_low and ci_high < m, not reproduced if ci_low > m or
+    ci_high < -m. Otherwise inconclusive, and so with fewer than 2 seeds, no finite interval, or
+    (non-inferiority, equivalence) no finite margin."""
+    margin = float(0.0 if margin is None else margin)
+    finite = math.isfinite(ci_low) and math.isfinite(ci_high) and (kind == SUPERIORITY or math.isfinite(margin))
+    if n_seeds < 2 or not finite:
         return INCONCLUSIVE
-    threshold = -float(margin or 0.0) if kind == NON_INFERIORITY else 0.0
+    if kind == EQUIVALENCE:
+        if -margin < ci_low and ci_high < margin:
+            return REPRODUCED
+        return NOT_REPRODUCED if ci_low > margin or ci_high < -margin else INCONCLUSIVE
+    threshold = -margin if kind == NON_INFERIORITY else 0.0
     if ci_low > threshold:
         return REPRODUCED
-    if ci_high < threshold:
-        return NOT_REPRODUCED
-    return INCONCLUSIVE
+    return NOT_REPRODUCED if ci_high < threshold else INCONCLUSIVE
+
+
+def side(kind: str, estimate: float, margin: float = 0.0) -> int:
+    """Where a point estimate lies against the test's threshold: +1 on the paper's side (superiority:
+    above 0; non-inferiority: above -margin; equivalence: inside (-margin, +margin)), -1 on the other,
+    0 on the threshold itself or where there is no estimate or margin."""
+    margin = float(0.0 if margin is None else margin)
+    if not math.isfinite(estimate) or (kind != SUPERIORITY and not math.isfinite(margin)):
+        return 0
+    if kind == EQUIVALENCE:
+        return int(np.sign(margin - abs(estimate)))
+    return int(np.sign(estimate - (-margin if kind == NON_INFERIORITY else 0.0)))
+
+
+def threshold_text(kind: str, margin: float = 0.0, unit: str = "") -> str:
+    """The test's threshold in words: '0', '-0.84 pp', '±0.84 pp'."""
+    if kind == SUPERIORITY:
+        return "0"
+    sign = "±" if kind == EQUIVALENCE else "-"
+    return f"{sign}{float(margin or 0.0):.3g}{' ' + unit if unit else ''}"
 
 
 def halves(seeds) -> tuple[list, list]:
@@ -68,29 +115,85 @@ def halves(seeds) -> tuple[list, list]:
     return distinct[: len(distinct) // 2], distinct[len(distinct) // 2 :]
 
 
-def final_verdict(all_seeds: str, half_a: str, half_b: str) -> str:
-    """The halves must agree (SPEC §10: a verdict must not flip between two disjoint sets of seeds)."""
-    return all_seeds if half_a == half_b else INCONCLUSIVE
+def halves_check(kind: str, half_a: Estimate, half_b: Estimate, margin: float = 0.0, unit: str = "") -> str:
+    """How the two halves of the seeds compare (the `halves` column): NO_HALVES where a half has fewer
+    than 2 seeds; OPPOSITE_VERDICTS where one half is reproduced and the other not reproduced;
+    'estimates on opposite sides of <threshold>' where their point estimates lie on opposite sides of
+    the test's threshold; AGREE otherwise (one conclusive and one inconclusive half, or two
+    inconclusive halves on the same side, agree)."""
+    if min(half_a.n_seeds, half_b.n_seeds) < 2:
+        return NO_HALVES
+    verdicts = {verdict(kind, h.ci_low, h.ci_high, margin, h.n_seeds) for h in (half_a, half_b)}
+    if verdicts == {REPRODUCED, NOT_REPRODUCED}:
+        return OPPOSITE_VERDICTS
+    if side(kind, half_a.effect, margin) * side(kind, half_b.effect, margin) < 0:
+        return f"estimates on opposite sides of {threshold_text(kind, margin, unit)}"
+    return AGREE
+
+
+def final_verdict(
+    kind: str, on_all: str, half_a: Estimate, half_b: Estimate, margin: float = 0.0, unit: str = ""
+) -> tuple[str, str]:
+    """The verdict on all seeds, and why it stands or falls: it is downgraded to inconclusive only
+    where the halves disagree (halves_check: opposite verdicts, or estimates on opposite sides of
+    the threshold)."""
+    check = halves_check(kind, half_a, half_b, margin, unit)
+    return (on_all if check in (AGREE, NO_HALVES) else INCONCLUSIVE), check
+
+
+KIND_WORDS = {  # the words of a claim that call for each kind of test
+    SUPERIORITY: "that NormProp is better, faster, more stable or closer",
+    NON_INFERIORITY: "that it matches or beats the baseline, or works",
+    EQUIVALENCE: "that it is as good as the baseline, or unaffected",
+}
+KIND_RULE = {  # reproduced / not reproduced, with m the claim's margin
+    SUPERIORITY: "**reproduced** when it lies wholly above 0 and **not reproduced** when it lies wholly below 0",
+    NON_INFERIORITY: "**reproduced** when it lies wholly above −m and **not reproduced** when it lies wholly below −m",
+    EQUIVALENCE: "**reproduced** when it lies inside (−m, +m) and **not reproduced** when it lies wholly outside it "
+    "(above +m or below −m)",
+}
+
+
+def _kind_sentence(kind: str) -> str:
+    ids = ", ".join(c.id for c in claims() if c.kind == kind)
+    level = f"{level_of(kind):.0%} interval" + (" (two one-sided tests at 5%)" if kind == EQUIVALENCE else "")
+    return f"A claim {KIND_WORDS[kind]} ({kind}{': ' + ids if ids else ''}) reads the {level}: {KIND_RULE[kind]}."
+
+
+def margins_text() -> str:
+    """Each margin of claims(), in words: 'C1 0.1 × the test error (%) of ...', or 'C9 1 pp'."""
+    parts = []
+    for c in claims():
+        if c.relative_to:
+            parts.append(f"{c.id} {float(c.margin or 0.0):g} × {c.relative_to}")
+        elif c.kind in (NON_INFERIORITY, EQUIVALENCE):
+            parts.append(f"{c.id} {float(c.margin or 0.0):g}{' ' + c.unit if c.unit else ''}")
+    return "; ".join(parts)
 
 
 def rule_text() -> str:
-    """The methods paragraph of REPORT.md: the rule above, once, with the claims' margins."""
-    margins = ", ".join(
-        f"{c.id} {c.margin:g}{' ' + c.unit if c.unit else ''}" for c in claims() if c.kind == NON_INFERIORITY
-    )
-    return (
-        "Each claim's effect is oriented so that a positive value favours the paper; its 95% interval "
-        "is over seeds (a Student t interval on per-seed differences, one-sample or paired, or a "
-        f"percentile bootstrap with {RESAMPLES:,} resamples for a difference of spreads). A claim that "
-        "NormProp is better, faster or more stable (superiority) is **reproduced** when the whole "
-        "interval lies above 0 and **not reproduced** when it lies below 0. A claim that it is as good "
-        "(non-inferiority, with a margin δ stated beforehand: "
-        f"{margins}) is **reproduced** when the interval lies above −δ and **not reproduced** when it "
-        "lies below −δ. Anything else is **inconclusive**, and so is a claim measured on fewer than 2 "
-        "seeds (no interval). The verdict is computed on all seeds and on each half of them (the "
-        "sorted seeds split into the first n // 2 and the rest); where the two halves disagree the "
-        "verdict is inconclusive, otherwise it is the all-seeds verdict. A claim whose experiment has "
-        "no results yet is **not measured**."
+    """The methods paragraph of REPORT.md: the rule, once, with each claim's kind and margin."""
+    return " ".join(
+        [
+            "Each claim's effect is oriented so that a positive value favours the paper, and has an interval "
+            "over seeds (a Student t interval on per-seed differences, one-sample or paired, or a percentile "
+            f"bootstrap with {RESAMPLES:,} resamples for a difference of spreads). The kind of test follows the "
+            "claim's words.",
+            *(_kind_sentence(kind) for kind in (SUPERIORITY, NON_INFERIORITY, EQUIVALENCE)),
+            "Anything else is **inconclusive**, and so is a claim measured on fewer than 2 seeds (no interval).",
+            f"The margins m were fixed before the results they judge: {margins_text()}. A margin given as a "
+            "fraction of a baseline's test error is that fraction of the error's mean over all seeds of the same "
+            "data set and preset, in pp like the effect, and the same m judges both halves; where that error "
+            "cannot be measured, neither can m, and the verdict is **inconclusive**.",
+            "The verdict is also computed on each half of the seeds (sorted, split into the first n // 2 and "
+            "the rest), and the all-seeds verdict is downgraded to **inconclusive** only when the halves reach "
+            "opposite conclusive verdicts (one reproduced, one not reproduced) or when their point estimates "
+            "lie on opposite sides of the test's threshold (superiority: 0; non-inferiority: −m; equivalence: "
+            "one half's estimate inside ±m and the other's outside). One conclusive and one inconclusive half "
+            "do not disagree, nor do two inconclusive halves on the same side; a half of fewer than 2 seeds "
+            "leaves no halves to compare.",
+            "A claim whose experiment has no results yet is **not measured**.",
+        ]
     )
 
 
@@ -114,8 +217,8 @@ def _quietly(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def t_interval(values) -> tuple[float, float, float]:
-    """Mean and 95% one-sample t interval (NaN interval with fewer than 2 values)."""
+def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """Mean and one-sample t interval at `level` (NaN interval with fewer than 2 values)."""
     from scipy import stats
 
     x = np.asarray(values, dtype=float)
@@ -123,53 +226,54 @@ def t_interval(values) -> tuple[float, float, float]:
     mean = float(x.mean()) if len(x) else math.nan
     if len(x) < 2:
         return mean, math.nan, math.nan
-    ci = _quietly(lambda: stats.ttest_1samp(x, 0.0).confidence_interval(LEVEL))
+    ci = _quietly(lambda: stats.ttest_1samp(x, 0.0).confidence_interval(level))
     return mean, float(ci.low), float(ci.high)
 
 
-def paired_interval(x, y) -> tuple[float, float, float]:
-    """Mean of x - y and its 95% paired t interval (scipy.stats.ttest_rel)."""
+def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
+    """Mean of x - y and its paired t interval at `level` (scipy.stats.ttest_rel)."""
     from scipy import stats
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     mean = float((x - y).mean()) if len(x) else math.nan
     if len(x) < 2:
         return mean, math.nan, math.nan
-    ci = _quietly(lambda: stats.ttest_rel(x, y).confidence_interval(LEVEL))
+    ci = _quietly(lambda: stats.ttest_rel(x, y).confidence_interval(level))
     return mean, float(ci.low), float(ci.high)
 
 
-def one_sample(sign: int) -> Callable[[pd.DataFrame], Estimate]:
+def one_sample(sign: int) -> Callable[..., Estimate]:
     """Effect = mean over seeds of sign * (normprop - baseline); one-sample t on the per-seed values."""
 
-    def estimate(t: pd.DataFrame) -> Estimate:
-        mean, low, high = t_interval(sign * (t["normprop"] - t["baseline"]))
+    def estimate(t: pd.DataFrame, level: float = LEVEL) -> Estimate:
+        mean, low, high = t_interval(sign * (t["normprop"] - t["baseline"]), level)
         return Estimate(t["normprop"].mean(), t["baseline"].mean(), mean, low, high, len(t))
 
     return estimate
 
 
-def paired(sign: int) -> Callable[[pd.DataFrame], Estimate]:
+def paired(sign: int) -> Callable[..., Estimate]:
     """Effect = mean of sign * (normprop - baseline); paired t (ttest_rel) on the two columns."""
 
-    def estimate(t: pd.DataFrame) -> Estimate:
+    def estimate(t: pd.DataFrame, level: float = LEVEL) -> Estimate:
         first, second = (t["normprop"], t["baseline"]) if sign > 0 else (t["baseline"], t["normprop"])
-        mean, low, high = paired_interval(first, second)
+        mean, low, high = paired_interval(first, second, level)
         return Estimate(t["normprop"].mean(), t["baseline"].mean(), mean, low, high, len(t))
 
     return estimate
 
 
-def speedup(t: pd.DataFrame) -> Estimate:
+def speedup(t: pd.DataFrame, level: float = LEVEL) -> Estimate:
     """C6: paired t on log(seconds BN) - log(seconds NormProp) = x; effect 1 - exp(-x) = 1 - ratio."""
-    x, low, high = paired_interval(np.log(t["baseline"]), np.log(t["normprop"]))
+    x, low, high = paired_interval(np.log(t["baseline"]), np.log(t["normprop"]), level)
     back = lambda v: 1.0 - math.exp(-v) if math.isfinite(v) else math.nan  # noqa: E731
     return Estimate(t["normprop"].mean(), t["baseline"].mean(), back(x), back(low), back(high), len(t))
 
 
-def spread_difference(t: pd.DataFrame) -> Estimate:
-    """C3: sd over seeds of BN's values minus NormProp's, with a percentile bootstrap interval that
-    resamples the two methods' per-seed values independently; < 3 seeds per method: no interval."""
+def spread_difference(t: pd.DataFrame, level: float = LEVEL) -> Estimate:
+    """C3: sd over seeds of BN's values minus NormProp's, with a percentile bootstrap interval at
+    `level` that resamples the two methods' per-seed values independently; < 3 seeds per method: no
+    interval."""
     from scipy import stats
 
     np_values = t.loc[t["method"] == "normprop", "value"].to_numpy(dtype=float)
@@ -189,7 +293,7 @@ def spread_difference(t: pd.DataFrame) -> Estimate:
         paired=False,
         vectorized=True,
         n_resamples=RESAMPLES,
-        confidence_level=LEVEL,
+        confidence_level=level,
         method="percentile",
         rng=np.random.default_rng(BOOTSTRAP_SEED),
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -10,32 +11,32 @@ import pandas as pd
 from normprop_cli import io
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
 from normprop_cli.verdicts.rule import (
+    INCONCLUSIVE,
     NOT_MEASURED,
     NOT_YET_MEASURED,
     Claim,
-    Estimate,
+    absolute_margin,
     claims,
     final_verdict,
     halves,
+    level_of,
     verdict,
 )
 from normprop_cli.verdicts.sources import budget, plural, protocol_note, provenance, result_dirs
 
 COLUMNS = ["dataset", "preset", "claim", "source", "experiment", "metric", "normprop", "baseline",
-           "effect", "ci_low", "ci_high", "test", "n_seeds", "verdict", "verdict_half_a",
-           "verdict_half_b", "budget", "note"]  # fmt: skip
+           "effect", "ci_low", "ci_high", "test", "margin", "n_seeds", "verdict", "verdict_half_a",
+           "verdict_half_b", "halves", "budget", "note"]  # fmt: skip
 
 
 def judge(claim: Claim, m: Measurement) -> dict:
-    """The estimate on all seeds and the verdicts on all seeds and on each half."""
-    full = m.estimate(m.table)
-    a, b = halves(m.table["seed"])
-
-    def verdict_of(e: Estimate) -> str:
-        return verdict(claim.kind, e.ci_low, e.ci_high, claim.margin, e.n_seeds)
-
-    on_all = verdict_of(full)
-    half_a, half_b = (verdict_of(m.estimate(m.table[m.table["seed"].isin(h)])) for h in (a, b))
+    """The estimate on all seeds at the claim's level (level_of), the absolute margin (margin_of), the
+    verdicts on all seeds and on each half, and the halves rule's outcome (final_verdict)."""
+    level, margin = level_of(claim.kind), margin_of(claim, m)
+    full = m.estimate(m.table, level)
+    half_a, half_b = (m.estimate(m.table[m.table["seed"].isin(h)], level) for h in halves(m.table["seed"]))
+    on_all, a, b = (verdict(claim.kind, e.ci_low, e.ci_high, margin, e.n_seeds) for e in (full, half_a, half_b))
+    final, check = final_verdict(claim.kind, on_all, half_a, half_b, margin, claim.unit)
     return {
         "normprop": full.normprop,
         "baseline": full.baseline,
@@ -43,11 +44,29 @@ def judge(claim: Claim, m: Measurement) -> dict:
         "ci_low": full.ci_low,
         "ci_high": full.ci_high,
         "test": m.test,
+        "margin": margin,
         "n_seeds": full.n_seeds,
-        "verdict": final_verdict(on_all, half_a, half_b),
-        "verdict_half_a": half_a,
-        "verdict_half_b": half_b,
+        "verdict": final if math.isfinite(margin) else INCONCLUSIVE,
+        "verdict_half_a": a,
+        "verdict_half_b": b,
+        "halves": check,
     }
+
+
+def margin_of(claim: Claim, m: Measurement) -> float:
+    """The absolute margin, in the claim's unit: claim.margin * m.reference where the claim's margin
+    is relative (the baseline's error over all seeds), else claim.margin."""
+    return absolute_margin(claim, m.reference)
+
+
+def margin_note(claim: Claim, m: Measurement) -> list[str]:
+    """How a relative margin came out of the baseline's error, or that it could not be computed."""
+    if not claim.relative_to:
+        return []
+    reference, margin = m.reference, margin_of(claim, m)
+    if not math.isfinite(margin):
+        return [f"the margin could not be computed: no {claim.relative_to}; the verdict is inconclusive"]
+    return [f"margin {float(claim.margin):g} × {reference:.2f}% ({claim.relative_to}) = {margin:.3g} {claim.unit}"]
 
 
 def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
@@ -74,7 +93,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
             note = f"{exc}; `normprop run {claim.experiment}` with this version produces it"
             rows.append(row | {"verdict": NOT_MEASURED, "note": note})
             continue
-        notes = list(m.notes)
+        notes = margin_note(claim, m) + list(m.notes)
         if theory:
             seeds = m.table["seed"].nunique()
             row["budget"] = f"N(0,1) input, no training, fc net of {m.metric['depth']} layers, {plural(seeds, 'seed')}"

@@ -1,0 +1,78 @@
+"""The intervals of the report: `mean_ci`, a Student-t interval for quantities that are not
+proportions (seconds, drift, differences of accuracies in pp), and `proportion_ci`, which stays
+inside [0, 100] for accuracies and errors in %; and how both are written ("88.10 [86.93, 89.27]")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+LEVEL = 0.95  # the paper's caps: 95% confidence interval
+PROPORTION_EPS = 1e-6  # a mean proportion is kept this far inside (0, 1) before its logit
+
+
+def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
+    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n), for
+    quantities that are not proportions (seconds, drift, differences of accuracies in pp).
+
+    Non-finite values (a diverged run) are left out; with n = 1 there is no interval (NaN).
+    stdtrit(df, p) is scipy.stats.t.ppf(p, df) without importing scipy.stats (seconds)."""
+    from scipy.special import stdtrit
+
+    x = _finite(values)
+    n = len(x)
+    mean = float(x.mean()) if n else math.nan
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
+    return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def proportion_ci(values: Iterable[float], level: float = LEVEL, scale: float = 100.0) -> dict:
+    """n, mean, sample sd and a `level` (95%) interval of the mean that stays inside [0, scale]: the
+    interval of every accuracy and error in % (scale 100) over seeds.
+
+    The method: the Student-t interval of the mean, formed on the logit scale of the mean proportion
+    p = mean / scale and mapped back (the delta method, as for a logit-transformed interval of a
+    proportion): logit(p) -/+ t((1+level)/2, n-1) se / (p (1 - p)), with se = sd / (scale sqrt(n)),
+    then scale x logistic(.) of both ends. Away from 0 and 100 with a narrow spread it is the plain
+    t interval of mean_ci; near a bound, or on bimodal outcomes (runs that learned beside runs that
+    did not), it is asymmetric and never passes the bound. The centre stays the arithmetic mean,
+    which the interval always contains (a t interval of the seeds' own logits would be centred on
+    another mean, and on bimodal outcomes could miss the arithmetic one). p is kept within
+    [PROPORTION_EPS, 1 - PROPORTION_EPS] before its logit; with no spread (sd 0) the interval is the
+    mean itself. Non-finite values are left out; with n = 1 there is no interval (NaN)."""
+    from scipy.special import expit, logit, stdtrit
+
+    x = _finite(values)
+    n = len(x)
+    mean = float(x.mean()) if n else math.nan
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": sd, "ci_low": math.nan, "ci_high": math.nan}
+    if sd == 0.0:
+        return {"n": n, "mean": mean, "sd": sd, "ci_low": mean, "ci_high": mean}
+    p = min(max(mean / scale, PROPORTION_EPS), 1.0 - PROPORTION_EPS)
+    half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / (scale * math.sqrt(n)) / (p * (1.0 - p))
+    centre = float(logit(p))
+    low, high = scale * float(expit(centre - half)), scale * float(expit(centre + half))
+    return {"n": n, "mean": mean, "sd": sd, "ci_low": min(low, mean), "ci_high": max(high, mean)}
+
+
+def _finite(values: Iterable[float]) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+
+
+def format_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
+    """'88.10 [86.93, 89.27]', or '88.10' without an interval."""
+    if not math.isfinite(mean):
+        return "n/a"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def format_mean_ci(ci: Mapping, digits: int = 2) -> str:
+    """format_ci of a mean_ci result or of a curves.csv row (mean, ci_low, ci_high)."""
+    return format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)

@@ -1,0 +1,49 @@
+"""C8's per-seed table: NormProp minus BatchNorm with the same activation, paired by seed (paired_gaps),
+and per seed the activation whose gap falls furthest below ReLU's (worst_per_seed). The verdict
+(measures.c8_activations) and the activations experiment's report both read it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+ACCURACY = "final_test_acc"  # the column C8 compares, in summary.csv
+GAP_COLUMNS = ["seed", "activation", "normprop", "batchnorm", "gap"]
+WORST_COLUMNS = [*GAP_COLUMNS, "reference_gap", "relative"]
+REFERENCE = "relu"  # C8 measures every other activation against NormProp's standing with ReLU
+
+
+def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
+    """GAP_COLUMNS: per seed and activation, the final test accuracy (%) of NormProp and of BatchNorm and
+    gap = NormProp minus BatchNorm; complete runs only (a diverged run is counted apart, never paired),
+    and only the (seed, activation) pairs where both methods have one. `value`: another
+    accuracy column (epochs.csv's test_acc, one epoch's rows)."""
+    if not len(summary) or value not in summary:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    ended = summary["status"].eq("complete") if "status" in summary else True
+    runs = summary[ended & np.isfinite(pd.to_numeric(summary[value], errors="coerce"))]
+    wide = runs.pivot_table(index=["seed", "activation"], columns="method", values=value, aggfunc="mean")
+    if not {"normprop", "batchnorm"} <= set(wide.columns):
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    wide = wide[["normprop", "batchnorm"]].dropna().reset_index()
+    order = {a: i for i, a in enumerate(dict.fromkeys(summary["activation"]))}  # the grid's order
+    wide = wide.sort_values(["seed", "activation"], key=lambda c: c.map(order) if c.name == "activation" else c)
+    return wide.assign(gap=wide["normprop"] - wide["batchnorm"])[GAP_COLUMNS].reset_index(drop=True)
+
+
+def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
+    """WORST_COLUMNS: per seed that has a pair for every activation of `gaps`, the activation other than
+    `reference` whose gap (NormProp minus BatchNorm) falls furthest below the reference's gap of that
+    seed: relative = gap - reference_gap. So C8 asks what moving off ReLU costs NormProp against
+    BatchNorm, not C5's question of how the two compare with ReLU. Its mean over seeds is at most the
+    smallest of the activations' mean relative gaps (E[min] <= min E): a conservative effect."""
+    if not len(gaps) or reference not in set(gaps["activation"]):
+        return pd.DataFrame(columns=WORST_COLUMNS)
+    k = gaps["activation"].nunique()
+    g = gaps[gaps.groupby("seed")["activation"].transform("nunique") == k]
+    ref = g[g["activation"] == reference].set_index("seed")["gap"]
+    others = g[g["activation"] != reference].assign(reference_gap=lambda d: d["seed"].map(ref))
+    if not len(others):
+        return pd.DataFrame(columns=WORST_COLUMNS)
+    others = others.assign(relative=others["gap"] - others["reference_gap"])
+    return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)

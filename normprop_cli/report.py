@@ -21,6 +21,7 @@ from normprop_cli import config, io, verdicts
 from normprop_cli.engine.runs import CONFIG
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
+from normprop_cli.experiments.plateau import plateau_lines, sweep_plateau
 from normprop_cli.experiments.results import format_ci
 from normprop_cli.verdicts import paper_datasets, provenance, result_dirs
 
@@ -225,6 +226,29 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
 # ---- the experiments' sections ----------------------------------------------------------------------
 
 
+INPUTS = {  # how a data set's images enter the NIN, where that is not the paper's 3x32x32
+    "fashion-mnist": "Input: Fashion-MNIST's 28x28 grey images, zero-padded by 2 pixels to 32x32 (the background "
+    "is 0), one input channel; `train.augment` applies random horizontal flips, as the paper's CIFAR protocol does.",
+    "digits": "Input: scikit-learn's 8x8 digits, resized to 32x32 and copied into three channels.",
+}
+
+
+def plateau_section(tree: Path) -> list[str]:
+    """Did the budget let the runs converge? Each sweep's best validation epoch and the validation gain
+    over the last quarter of its epochs (experiments.plateau), one table per results tree."""
+    tables = [sweep_plateau(d) for e in RUNNERS if e != "theory" for d in result_dirs(tree, e)]
+    tables = [t for t in tables if len(t)]
+    if not tables:
+        return []
+    intro = (
+        "Per setting (complete runs; the learning-rate sweeps left out): the median epoch of the best "
+        "validation accuracy, how many runs peak in their last epoch, and the validation accuracy gained "
+        "over the last quarter of the epochs. A gain well above the seed-to-seed spread means the runs "
+        "were still climbing when the budget ended."
+    )
+    return ["## Budget: did the runs reach their plateau?", "", intro, ""] + plateau_lines(pd.concat(tables)) + [""]
+
+
 def departures(experiment: str, prov: dict, directory: Path | None = None) -> list[str]:
     """Plain sentences wherever a run departs from the paper's protocol."""
     if not prov:
@@ -249,6 +273,13 @@ def departures(experiment: str, prov: dict, directory: Path | None = None) -> li
         out.append(f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0).")
     if cfg.dataset.get("limit"):
         out.append(f"Only {cfg.dataset.limit} examples per split were used.")
+    if cfg.dataset.get("train_limit"):
+        out.append(
+            f"Training images: a seeded subset of {cfg.dataset.train_limit:,} of the training split "
+            "(validation and test whole)."
+        )
+    if dataset in INPUTS:
+        out.append(INPUTS[dataset])
     if prov["seeds"] < int(paper.seeds):
         out.append(f"Seeds: {prov['seeds']}, the paper preset uses {paper.seeds}.")
     if directory is not None and augments(directory):
@@ -356,8 +387,8 @@ def write_report(results: Path) -> Path:
         "",
     ]
     lines += verdicts_section(ordered(trees, results), results)
-    lines += experiments(results, results)
+    lines += plateau_section(results) + experiments(results, results)
     for tree in trees[1:]:
         lines += [f"# {tree.preset or tree.path.name} preset (`{tree.path.relative_to(results).as_posix()}/`)", ""]
-        lines += experiments(tree.path, results)
+        lines += plateau_section(tree.path) + experiments(tree.path, results)
     return io.write_text(results / "REPORT.md", "\n".join(lines).rstrip() + "\n")

@@ -259,17 +259,27 @@ def test_failed_download_is_a_one_line_error(tmp_path, monkeypatch):
     assert_one_line_error(exc, "download", "URLError", "train", "test", tmp_path / "cifar-100-python")
 
 
-def test_available_datasets(tmp_path, write_cifar10):
+def test_available_datasets(tmp_path, write_cifar10, monkeypatch):
+    from normprop_cli.data import fashion
+
+    monkeypatch.setattr(fashion, "SYSTEM_DIR", tmp_path / "no-package")  # whatever this machine has
     present = available_datasets(tmp_path)
     assert present == {
         "cifar10": False,
         "cifar100": False,
         "svhn": False,
         "digits": True,
+        "fashion-mnist": False,
         "synthetic": True,
     }
     write_cifar10(tmp_path)
     assert available_datasets(tmp_path)["cifar10"]
+    package = tmp_path / "package"  # the four files where the Debian package puts them
+    package.mkdir()
+    for stem in fashion.FILES.values():
+        fashion.write_idx(package / stem, np.zeros((1, 28, 28) if "images" in stem else (1,), dtype=np.uint8))
+    monkeypatch.setattr(fashion, "SYSTEM_DIR", package)
+    assert available_datasets(tmp_path)["fashion-mnist"]
 
 
 # --- digits and synthetic -------------------------------------------------------------

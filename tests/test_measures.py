@@ -95,3 +95,18 @@ def test_c5_reference_is_batchnorms_error(tmp_path):
     m = measure("C5", tmp_path)
     assert m.reference == pytest.approx(10.1)
     assert m.estimate(m.table).effect == pytest.approx(-1.0)  # BatchNorm minus NormProp
+
+
+def test_c5_notes_the_gap_after_every_epoch_from_the_runs_metrics(tmp_path):
+    rows = []
+    for s in range(2):
+        for m, errors in (("normprop", [30.0, 12.0, 11.0]), ("batchnorm", [20.0, 11.0, 10.5])):
+            run = f"{m}-s{s}"
+            rows.append({"run": run, "setting": m, "method": m, "augment": "none", "seed": s, "status": "complete",
+                         "final_test_error": errors[-1]})  # fmt: skip
+            (tmp_path / "runs" / run).mkdir(parents=True)
+            metrics = pd.DataFrame({"epoch": [1, 2, 3], "test_acc": [100.0 - e for e in errors]})
+            metrics.to_csv(tmp_path / "runs" / run / "metrics.csv", index=False)
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    m = measure("C5", tmp_path)
+    assert "the effect after each epoch (mean over seeds): 1: -10.00, 2: -1.00, 3: -0.50" in m.notes

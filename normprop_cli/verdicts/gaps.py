@@ -1,8 +1,11 @@
-"""C8's per-seed table: NormProp minus BatchNorm with the same activation, paired by seed (paired_gaps),
-and per seed the activation whose gap falls furthest below ReLU's (worst_per_seed). The verdict
-(measures.c8_activations) and the activations experiment's report both read it."""
+"""NormProp against BatchNorm, paired by seed. C8's per-seed table: NormProp minus BatchNorm with the
+same activation (paired_gaps), and per seed the activation whose gap falls furthest below ReLU's
+(worst_per_seed); the verdict (measures.c8_activations) and the activations experiment's report both
+read it. C5's gap after every epoch (gap_by_epoch), from the runs' metrics.csv."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -47,3 +50,25 @@ def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFra
         return pd.DataFrame(columns=WORST_COLUMNS)
     others = others.assign(relative=others["gap"] - others["reference_gap"])
     return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
+
+
+def gap_by_epoch(sweep: Path, runs: pd.DataFrame) -> list[str]:
+    """C5's effect after each epoch (BatchNorm minus NormProp test error, mean over augmentation
+    settings and seeds), from the runs' metrics.csv: does the gap close as the runs converge?"""
+    rows = []
+    if "run" not in runs:
+        return []
+    for r in runs.itertuples():
+        path = sweep / "runs" / str(r.run) / "metrics.csv"
+        if path.exists():
+            m = pd.read_csv(path)
+            rows += [{"method": r.method, "augment": r.augment, "seed": r.seed, "epoch": e, "error": 100.0 - a}
+                     for e, a in zip(m["epoch"], m["test_acc"], strict=True)]  # fmt: skip
+    if not rows:
+        return []
+    wide = pd.DataFrame(rows).pivot_table(index=["epoch", "augment", "seed"], columns="method", values="error")
+    if not {"normprop", "batchnorm"} <= set(wide.columns):
+        return []
+    gap = (wide["batchnorm"] - wide["normprop"]).dropna().groupby(["epoch", "seed"]).mean().groupby("epoch").mean()
+    text = ", ".join(f"{int(e)}: {g:+.2f}" for e, g in gap.items())
+    return [f"the effect after each epoch (mean over seeds): {text}"]

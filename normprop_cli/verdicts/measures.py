@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config
 from normprop_cli.experiments.results import NEAR_CHANCE, format_ci, learned_flags
-from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, paired_gaps, worst_per_seed
+from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, gap_by_epoch, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
     Claim,
@@ -276,7 +276,7 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     table = per_seed(runs, "final_test_error", "method", "normprop", "batchnorm", within="augment")
     reference = float(table["baseline"].mean())
     augment = "/".join(str(a) for a in runs["augment"].unique())
-    notes = ["normprop / baseline = test error (%)"]
+    notes = ["normprop / baseline = test error (%)"] + gap_by_epoch(sweep, runs)
     return Measurement(
         table,
         one_sample(-1),

@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normprop_cli import config
-from normprop_cli.experiments.results import NEAR_CHANCE, format_ci, learned_flags
+from normprop_cli.experiments.results import NEAR_CHANCE, diverged, format_ci, learned_flags
 from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, gap_by_epoch, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
@@ -89,9 +89,7 @@ def learned_note(runs: pd.DataFrame) -> list[str]:
 def diverged_note(runs: pd.DataFrame, by: str | None = None) -> list[str]:
     """'k of n runs diverged (...): counted apart, their seeds' pairs left out of the effect'. `runs` is
     the summary before `finished` (all statuses); `by` names the column that tells the arms apart."""
-    if "status" not in runs:
-        return []
-    bad = runs[runs["status"] == "diverged"]
+    bad = runs[diverged(runs)]
     if not len(bad):
         return []
     where = ""

@@ -21,7 +21,7 @@ from normprop_cli import config, io, verdicts
 from normprop_cli.engine.runs import CONFIG
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
-from normprop_cli.experiments.plateau import plateau_lines, sweep_plateau
+from normprop_cli.experiments.plateau import plateau_section
 from normprop_cli.experiments.results import format_ci
 from normprop_cli.verdicts import paper_datasets, provenance, result_dirs
 
@@ -233,22 +233,6 @@ INPUTS = {  # how a data set's images enter the NIN, where that is not the paper
 }
 
 
-def plateau_section(tree: Path) -> list[str]:
-    """Did the budget let the runs converge? Each sweep's best validation epoch and the validation gain
-    over the last quarter of its epochs (experiments.plateau), one table per results tree."""
-    tables = [sweep_plateau(d) for e in RUNNERS if e != "theory" for d in result_dirs(tree, e)]
-    tables = [t for t in tables if len(t)]
-    if not tables:
-        return []
-    intro = (
-        "Per setting (complete runs; the learning-rate sweeps left out): the median epoch of the best "
-        "validation accuracy, how many runs peak in their last epoch, and the validation accuracy gained "
-        "over the last quarter of the epochs. A gain well above the seed-to-seed spread means the runs "
-        "were still climbing when the budget ended."
-    )
-    return ["## Budget: did the runs reach their plateau?", "", intro, ""] + plateau_lines(pd.concat(tables)) + [""]
-
-
 def departures(experiment: str, prov: dict, directory: Path | None = None) -> list[str]:
     """Plain sentences wherever a run departs from the paper's protocol."""
     if not prov:
@@ -364,11 +348,19 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def experiments(tree: Path, root: Path) -> list[str]:
-    """Every experiment's section of one tree, the missing ones named first."""
-    missing = [e for e in RUNNERS if not result_dirs(tree, e)]
+def preset_experiments(preset: str) -> list[str]:
+    """The experiments a preset runs: its own list (preset.experiments), or every one."""
+    if preset not in config.options("preset"):
+        return list(RUNNERS)
+    return list(config.load("theory", preset=preset).preset.get("experiments") or RUNNERS)
+
+
+def experiments(tree: Path, root: Path, preset: str = "") -> list[str]:
+    """Every experiment's section of one tree (of those its preset runs), the missing ones named first."""
+    names = [e for e in RUNNERS if e in preset_experiments(preset)]
+    missing = [e for e in names if not result_dirs(tree, e)]
     lines = [f"Missing experiments: {', '.join(missing)}.", ""] if missing else []
-    for experiment in RUNNERS:
+    for experiment in names:
         lines += section(experiment, tree, root)
     return lines
 
@@ -390,5 +382,5 @@ def write_report(results: Path) -> Path:
     lines += plateau_section(results) + experiments(results, results)
     for tree in trees[1:]:
         lines += [f"# {tree.preset or tree.path.name} preset (`{tree.path.relative_to(results).as_posix()}/`)", ""]
-        lines += plateau_section(tree.path) + experiments(tree.path, results)
+        lines += plateau_section(tree.path) + experiments(tree.path, results, tree.preset)
     return io.write_text(results / "REPORT.md", "\n".join(lines).rstrip() + "\n")

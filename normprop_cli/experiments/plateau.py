@@ -2,7 +2,7 @@
 metrics.csv alone: the epoch of the best validation accuracy, and the validation accuracy gained over
 the last quarter of the epochs (last epoch minus the epoch ceil(E / 4) before it). A budget that stops
 runs while they still climb shows as best epochs at the end and gains well above the seed-to-seed
-noise; the report prints this table for every preset.
+noise; `plateau_section` is the report's table for one results tree.
 
 PLATEAU_COLUMNS: experiment, setting, runs, epochs, best_val_epoch (median over runs), at_last_epoch
 (how many runs peak on validation in their last epoch), last_quarter_gain (mean over runs, pp),
@@ -82,3 +82,22 @@ def plateau_lines(table: pd.DataFrame) -> list[str]:
             f"[{r['gain_low']:+.2f}, {r['gain_high']:+.2f}] |"
         )
     return lines
+
+
+def plateau_section(tree: Path) -> list[str]:
+    """Did the budget let the runs converge? Each sweep's best validation epoch and the validation gain
+    over the last quarter of its epochs (experiments.plateau), one table per results tree."""
+    from normprop_cli.experiments import RUNNERS
+    from normprop_cli.verdicts import result_dirs
+
+    tables = [sweep_plateau(d) for e in RUNNERS if e != "theory" for d in result_dirs(tree, e)]
+    tables = [t for t in tables if len(t)]
+    if not tables:
+        return []
+    intro = (
+        "Per setting (complete runs; the learning-rate sweeps left out): the median epoch of the best "
+        "validation accuracy, how many runs peak in their last epoch, and the validation accuracy gained "
+        "over the last quarter of the epochs. A gain well above the seed-to-seed spread means the runs "
+        "were still climbing when the budget ended."
+    )
+    return ["## Budget: did the runs reach their plateau?", "", intro, ""] + plateau_lines(pd.concat(tables)) + [""]

@@ -217,6 +217,10 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
         "table in full, with the margins, the halves rule's outcome and the notes, follows; the rule is "
         "under *How a verdict is reached*.",
         "",
+        "Every experiment trains its own runs, none shared with another experiment: NormProp and BatchNorm "
+        "at batch 50 appear in C2 (covariate-shift), C3 (convergence) and C5 (table1), each trained there "
+        "with that experiment's seeds, epochs and probes, so the three verdicts rest on independent runs.",
+        "",
     ]
     for tree in trees:
         lines += [f"### {label(tree.path, root, tree.preset)}", "", *verdict_table(tree.frame)]

@@ -17,7 +17,7 @@ def flip_mask(n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.rand(n, generator=generator, device=generator.device) < 0.5
 
 
-# What `train.augment=true` applies follows the data set (`dataset.augment`, SPEC §6.1): horizontal
+# What `train.augment=true` applies follows the data set (`dataset.augment`): horizontal
 # flips for CIFAR (the paper), none for SVHN, small translations for digits, which are not
 # mirror-symmetric.
 AUGMENTATIONS = ("flip", "translate", "none")

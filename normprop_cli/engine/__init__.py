@@ -1,4 +1,4 @@
-"""The training engine: a grid of runs, each resumable, crash-safe and recorded (SPEC.md §8, §9)."""
+"""The training engine: a grid of runs, each resumable, crash-safe and recorded."""
 
 from normprop_cli.engine.runs import RunSpec, expand_grid, run_dir, sweep_dir
 from normprop_cli.engine.sweep import run_sweep

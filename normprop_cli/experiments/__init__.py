@@ -16,9 +16,9 @@ RUNNERS = {
     "batch-size": "normprop_cli.experiments.batch_size",
     "table1": "normprop_cli.experiments.table1",
     "timing": "normprop_cli.experiments.timing",
-    "drift": "normprop_cli.experiments.drift",  # beyond the paper (SPEC §11)
-    "activations": "normprop_cli.experiments.activations",  # C8, section 4.6 (SPEC §11)
-    "normalizers": "normprop_cli.experiments.normalizers",  # beyond the paper (SPEC §11)
+    "drift": "normprop_cli.experiments.drift",  # beyond the paper
+    "activations": "normprop_cli.experiments.activations",  # C8, section 4.6
+    "normalizers": "normprop_cli.experiments.normalizers",  # beyond the paper
 }
 
 

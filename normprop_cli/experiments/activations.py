@@ -1,11 +1,11 @@
-"""Section 4.6: NormProp with other activations, each through its own constants (SPEC §11, claim C8).
+"""Section 4.6: NormProp with other activations, each through its own constants (claim C8).
 
     normprop run activations [--preset quick|cpu|paper]
 
 NormProp and BatchNorm, each with ReLU, PReLU, tanh and sigmoid, on one protocol. A NormProp layer
 uses its activation's c2, c1 (eq. 12; Remark 2 for PReLU, at its current slope) and Jacobian factor
 (normprop_cli/nn/stats.py). Before training (epoch 0) and after every epoch, over the evaluation set,
-PopulationProbe (SPEC 6.1) measures the input of conv k = 2..9 in the standard units of the
+PopulationProbe measures the input of conv k = 2..9 in the standard units of the
 activation before it, (x - c2) / c1. On N(0, 1) pre-activations eq. 12 puts NormProp's first layer
 output at mean 0 and std 1, or, where the Jacobian factor f divides (ICML), at `first_layer_prediction`.
 
@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> Path:
 
 def layer_stats(population: pd.DataFrame) -> pd.DataFrame:
     """Per method, activation, layer and epoch: n seeds and the mean over them of the population's
-    average |mean|, average std and average drift (SPEC 6.1)."""
+    average |mean|, average std and average drift."""
     if not len(population):
         return pd.DataFrame(columns=LAYER_COLUMNS)
     table = (

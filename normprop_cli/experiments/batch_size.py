@@ -3,7 +3,7 @@ seeds; plus BatchNorm at batch size 1, where the paper says BN does not apply.
 
     normprop run batch-size [--preset paper] [--seeds 3]
 
-Every batch size trains on the full training split (SPEC §6.1), and its learning rate comes from a
+Every batch size trains on the full training split, and its learning rate comes from a
 small sweep on the validation split: each setting's YAML rate times `experiment.lr_sweep.factors`,
 `lr_sweep.epochs` epochs, the first seed; the best final validation accuracy wins.
 

@@ -1,6 +1,7 @@
 """Fig. 2 (section 5.2): internal covariate shift. Before training and after every epoch, over the
 test set, the input of the hidden layers 2..9 at the input of their convolution, in standard units
-(experiments.probes): the paper's metric on a few probed units, and the population metric of SPEC 6.1.
+(experiments.probes): the paper's metric on a few probed units, and the population metric (every
+input-dependent unit of each layer's input).
 
     normprop run covariate-shift [--preset paper]
 
@@ -39,7 +40,7 @@ from normprop_cli.experiments.results import learned_flags
 RUN = ["run", "setting", "method", "seed"]
 SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
 PROBES = [*RUN, "initial_lr", "draw", "final_epoch", "layers", "avg_abs_final_mean"]
-NOT_IN_PAPER = "not in the paper (SPEC 6.1)"
+NOT_IN_PAPER = "not in the paper"
 
 
 def settling(stats: pd.DataFrame, band: float) -> pd.DataFrame:
@@ -174,7 +175,7 @@ def plot_units(cfg: DictConfig) -> list[Path]:
 
 
 def plot_population(cfg: DictConfig) -> list[Path]:
-    """SPEC 6.1: per layer 2..9, over all input-dependent units, the average |mean| (top) and the
+    """The population metric: per layer 2..9, over all input-dependent units, the average |mean| (top) and the
     average drift from initialisation in initial stds (bottom) vs epoch, mean over seeds. The drift
     has no scale, so every method shares its axis; the unnormalised net's |mean| has its own."""
     plt = results.pyplot()
@@ -197,9 +198,7 @@ def plot_population(cfg: DictConfig) -> list[Path]:
     _finish(fig, axes, twins, handles)
     seeds = population["seed"].nunique()
     fig.suptitle(
-        results.title(
-            cfg, f"Population metric (SPEC 6.1): all input-dependent units per layer, mean over {seeds} seed(s)"
-        ),
+        results.title(cfg, f"Population metric: all input-dependent units per layer, mean over {seeds} seed(s)"),
         fontsize=10,
     )
     return results.save(fig, cfg, "population")

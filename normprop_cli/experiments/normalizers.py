@@ -1,4 +1,4 @@
-"""Beyond the paper (SPEC §11): NormProp against every batch-independent normaliser (and BatchNorm,
+"""Beyond the paper: NormProp against every batch-independent normaliser (and BatchNorm,
 Batch Renormalization, no normalisation) on the same NIN, data and protocol, at batch sizes down to 1.
 
     normprop run normalizers [--preset paper] [--seeds 3]

@@ -1,5 +1,6 @@
 """Observers (engine.trainer.Observer) of the hidden layers' inputs: Fig. 2 (section 5.2) and the
-population metric of SPEC 6.1, before training (epoch 0) and after every epoch, over the evaluation set.
+population metric (every input-dependent unit of each layer's input), before training (epoch 0) and
+after every epoch, over the evaluation set.
 
 Where: the input of conv k, k = 2..9, the point where NormProp's previous layer has normalised,
 (f(u) - c2) / c1 (eq. 11). A method whose hidden block ends in a bare activation f (none, BatchNorm,
@@ -201,7 +202,7 @@ class UnitProbe:
 
 
 class PopulationProbe:
-    """SPEC 6.1: every input-dependent unit (c, h, w) of the input of conv k >= first_layer, its mean
+    """The population metric: every input-dependent unit (c, h, w) of the input of conv k >= first_layer, its mean
     and std over the evaluation set, summarised per layer and epoch (POPULATION_COLUMNS): the
     average |mean|, the average std, and the average drift |mean_e - mean_0| / std_0 from the unit's
     value at initialisation, leaving out (and counting) the units (near-)constant at initialisation:

@@ -1,5 +1,5 @@
 """The normalisation methods that `normprop run normalizers`, `normprop bench` and `make gpu-check`
-compare (SPEC section 11): a method's name and the model options that build it on the NIN.
+compare: a method's name and the model options that build it on the NIN.
 
 NormProp enters twice, in its ICML form (eq. 11: divide by the Jacobian factor) and its arXiv form
 (gamma initialised to 1 / factor); every other method is one member of the `norm` registry (nin.NORMS).

@@ -1,4 +1,4 @@
-"""The NIN backbone of section 5 (SPEC section 4), with the normalisation chosen by name.
+"""The NIN backbone of section 5, with the normalisation chosen by name.
 
 C(192,5,1,2)-C(160,1,1,0)-P(3,2,1,max)-C(96,1,1,0)-C(192,5,1,2)-C(192,1,1,0)-P(3,2,1,avg)-
 C(192,1,1,0)-C(192,5,1,0)-C(192,1,1,2)-C(K,1,1,0)-P(8,8,0,avg), on 32x32 inputs
@@ -71,7 +71,7 @@ NORMS: dict[str, Norm] = {
     "none": Norm(_plain_block, _plain_conv),
     "batchnorm": Norm(_batchnorm_block, _plain_conv),
     "normprop": Norm(_normprop_block, _normprop_classifier),
-    # SPEC section 11: the batch-independent normalisers (normalizers.py), and Batch Renormalization
+    # Beyond the paper: the batch-independent normalisers (normalizers.py), and Batch Renormalization
     "batchrenorm": Norm(nz.batchrenorm_block, _plain_conv),
     "weightnorm": Norm(nz.weightnorm_block, nz.weightnorm_conv),
     "layernorm": Norm(nz.layernorm_block, _plain_conv),

@@ -1,4 +1,4 @@
-"""The batch-independent normalisers NormProp is compared with (SPEC section 11), as members of the
+"""The batch-independent normalisers NormProp is compared with, as members of the
 NIN's `norm` registry (nin.NORMS), on the same backbone: each builds a hidden conv block (conv,
 normalisation, activation) and the classifier conv.
 

@@ -30,7 +30,7 @@ from normprop_cli.verdicts.rule import (
 )
 from normprop_cli.verdicts.sources import paper_protocol, plural
 
-EARLY_EPOCHS = 3  # C3's window when the run's config has no experiment.early_epochs (SPEC §6.1: >= 3)
+EARLY_EPOCHS = 3  # C3's window when the run's config has no experiment.early_epochs (>= 3)
 
 
 class NotMeasured(Exception):
@@ -74,7 +74,7 @@ def error_of(runs: pd.DataFrame, column: str = "final_test_acc") -> float:
 
 
 def not_learned(summary: pd.DataFrame) -> pd.Series:
-    """True where the summary says the run did not learn (SPEC §6.1); False where it says nothing."""
+    """True where the summary says the run did not learn; False where it says nothing."""
     return learned_flags(summary).eq(False)
 
 

@@ -73,7 +73,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
     """One row per data set the claim's experiment ran on; one "not measured" row if none."""
     head = {"claim": claim.id, "source": claim.source, "experiment": claim.experiment}
     if claim.id not in MEASURES:
-        note = f"no verdict rule yet: an `{claim.experiment}` experiment (SPEC §11) will measure it"
+        note = f"no verdict rule yet: an `{claim.experiment}` experiment will measure it"
         if result_dirs(results, claim.experiment):
             note = f"`{claim.experiment}` results exist, but no verdict rule reads them yet"
         return [head | {"dataset": "", "preset": preset, "verdict": NOT_YET_MEASURED, "note": note}]

@@ -1,4 +1,4 @@
-"""The command line of SPEC.md §7 and the bad-input behaviour of §9."""
+"""The command line and its behaviour on bad input."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""What the user gives is honoured or refused, never silently dropped (SPEC §9): overrides of a grid's
+"""What the user gives is honoured or refused, never silently dropped: overrides of a grid's
 keys, wrongly typed values, a training split smaller than a batch, a results directory that cannot be
 written, and `normprop config`."""
 

@@ -53,7 +53,7 @@ def test_translate_batch_moves_each_image_by_its_shift_with_zero_fill():
 
 
 def test_translation_keeps_labels_and_shapes_in_a_training_epoch():
-    """Digits get translations, not flips (SPEC §6.1): an epoch's draws are shifts within the
+    """Digits get translations, not flips: an epoch's draws are shifts within the
     data set's range; labels are indexed apart from the images, so augmenting never touches them."""
     from omegaconf import OmegaConf
 

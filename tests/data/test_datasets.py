@@ -1,4 +1,4 @@
-"""Data sets (SPEC section 5): formats, splits, one-line errors."""
+"""Data sets: formats, splits, one-line errors."""
 
 import inspect
 import json

@@ -1,4 +1,4 @@
-"""Scale-out (SPEC.md §1.3): `--jobs N` worker processes, submitit's local executor and a SLURM
+"""Scale-out: `--jobs N` worker processes, submitit's local executor and a SLURM
 job array give the files of a sequential run, and a killed worker's run resumes exactly."""
 
 import json

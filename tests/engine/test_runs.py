@@ -1,4 +1,4 @@
-"""Runs that never lose work (SPEC.md §8, §9): skip, resume exactly, record divergence."""
+"""Runs that never lose work: skip, resume exactly, record divergence."""
 
 import json
 
@@ -105,8 +105,22 @@ def test_another_config_in_the_same_run_directory_is_refused(cli):
     assert result.exit_code == 2 and "another config" in result.output
 
 
+def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli):
+    """experiment.paper is the report's text: an unfinished run goes on under a rewording, and a change
+    to anything that trains (the width) is still refused."""
+    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    run = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "manifest.json"
+    run.write_text(json.dumps(json.loads(run.read_text()) | {"status": "running"}))
+    reworded = "experiment.paper=reworded"
+    assert cli("run", "table1", *SMOKE, "train.epochs=1", reworded, "--results-dir", cli.results).exit_code == 0
+    assert json.loads(run.read_text())["status"] == "complete"
+    run.write_text(json.dumps(json.loads(run.read_text()) | {"status": "running"}))
+    result = cli("run", "table1", *SMOKE, "train.epochs=1", reworded, "model.width=0.125", "--results-dir", cli.results)
+    assert result.exit_code == 2 and "model.width" in result.output
+
+
 def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
-    """SPEC §6.1: flips for CIFAR, translations for digits, none for SVHN (asking for it is refused)."""
+    """Augmentation: flips for CIFAR, translations for digits, none for SVHN (asking for it is refused)."""
     from normprop_cli import config
 
     kinds = {name: config.load("table1", dataset=name).dataset.augment for name in ("cifar10", "digits", "svhn")}

@@ -1,4 +1,4 @@
-"""Section 4.6 (SPEC §11, claim C8): NormProp and BatchNorm with ReLU, PReLU, tanh and sigmoid, each
+"""Section 4.6 (claim C8): NormProp and BatchNorm with ReLU, PReLU, tanh and sigmoid, each
 NormProp layer through its activation's own constants; the layers' statistics before and after training."""
 
 import math

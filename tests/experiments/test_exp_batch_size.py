@@ -30,7 +30,7 @@ def test_batch_size_1_trains_and_bn_at_batch_1_is_labelled(results):
 
 
 def test_each_batch_size_trains_at_the_rate_its_validation_sweep_chose(results):
-    """SPEC §6.1: the learning rate of each batch size comes from a small sweep on the validation
+    """The learning rate of each batch size comes from a small sweep on the validation
     split, recorded; the winner has the best final validation accuracy of its setting."""
     sweep = results / "batch-size" / "synthetic"
     lr_sweep = pd.read_csv(sweep / "lr_sweep.csv")
@@ -47,7 +47,7 @@ def test_each_batch_size_trains_at_the_rate_its_validation_sweep_chose(results):
 
 
 def test_every_batch_size_sees_the_full_split_and_updates_are_counted(results):
-    """SPEC §6.1: no batch size trains on a subset; updates = epochs x (train size // batch size),
+    """No batch size trains on a subset; updates = epochs x (train size // batch size),
     one per image at batch 1."""
     sweep = results / "batch-size" / "synthetic"
     epochs = pd.read_csv(sweep / "epochs.csv")

@@ -55,6 +55,6 @@ def test_headlines_name_the_best_setting_beside_the_papers(results):
     rows = data_norm.headlines(config.load("data-norm", preset="smoke", results_dir=str(results)))
     assert rows[0]["quantity"].startswith("best test accuracy (%")
     assert "90.35" in rows[0]["paper"] and "batch 50" in rows[0]["paper"]
-    assert "not comparable with synthetic" in rows[0]["paper"]  # SPEC §6.1: CIFAR-10's number, labelled
+    assert "not comparable with synthetic" in rows[0]["paper"]  # CIFAR-10's number, labelled
     finals = [r for r in rows[1:] if not r["quantity"].startswith("runs that did not learn")]
     assert len(finals) == 4 and all("95% CI" in r["quantity"] for r in finals)

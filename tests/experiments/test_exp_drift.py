@@ -1,4 +1,4 @@
-"""Beyond the paper (SPEC §11, drift): Prop. 1's premise at every conv layer's input over training."""
+"""Beyond the paper (drift): Prop. 1's premise at every conv layer's input over training."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""SPEC §11 normalizers: every method at every batch size at the rate its sweep chose, ranked per
+"""The normalizers experiment: every method at every batch size at the rate its sweep chose, ranked per
 batch size against the reference (NormProp), with the population drift and BN's mode gap at batch 1."""
 
 import math

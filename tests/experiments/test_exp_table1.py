@@ -30,7 +30,7 @@ def test_headlines_put_the_papers_error_beside_labelled_as_not_comparable(result
     finals = [r for r in rows if r["quantity"].startswith("final test error")]
     assert len(finals) == 4 and all("95% CI, n = 1" in r["quantity"] for r in finals)
     assert all(r["paper"] == "" for r in finals)  # no Table 1 on synthetic data
-    # digits: CIFAR-10's number (the YAML's), labelled as not comparable (SPEC §6.1)
+    # digits: CIFAR-10's number (the YAML's), labelled as not comparable
     published = config.load("table1").experiment.paper_test_error.cifar10.normprop.none
     summary = pd.read_csv(results / "table1" / "synthetic" / "summary.csv")
     (tmp_path / "table1" / "digits").mkdir(parents=True)

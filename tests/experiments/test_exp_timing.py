@@ -59,7 +59,7 @@ def test_headlines_put_the_ratio_beside_the_papers(results):
     cfg = config.load("timing", preset="smoke", results_dir=str(results))
     rows = timing.headlines(cfg)
     ratio = [r for r in rows if r["quantity"].startswith("epoch time ratio NormProp / BatchNorm: geometric mean")]
-    # SPEC §6.1: a CPU's seconds on synthetic data are not the paper's GPU seconds on CIFAR-10
+    # a CPU's seconds on synthetic data are not the paper's GPU seconds on CIFAR-10
     seconds, where = cfg.experiment.paper_seconds, f"{cfg.experiment.paper_device}, CIFAR-10"
     assert cfg.experiment.paper_device == "GTX Titan X"
     assert len(ratio) == 1 and ratio[0]["paper"].startswith(f"{seconds.normprop / seconds.batchnorm:.3f} ({where}; not")

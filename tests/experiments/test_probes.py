@@ -1,4 +1,4 @@
-"""The observers of the hidden layers' inputs: Fig. 2's unit probe and SPEC 6.1's population metric."""
+"""The observers of the hidden layers' inputs: Fig. 2's unit probe and the population metric."""
 
 import copy
 import io

@@ -1,4 +1,4 @@
-"""The NIN backbone of section 5 (SPEC section 4) with every normalisation."""
+"""The NIN backbone of section 5 with every normalisation."""
 
 import pytest
 import torch

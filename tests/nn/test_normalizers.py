@@ -1,4 +1,4 @@
-"""The batch-independent normalisers of SPEC section 11, each against its formula written out here,
+"""The batch-independent normalisers NormProp is compared with, each against its formula written out here,
 and each training the NIN at batch size 1."""
 
 import math

@@ -1,4 +1,4 @@
-"""Beyond the paper (SPEC §11, drift): why a trained NormProp net's layer inputs leave N(0, 1).
+"""Beyond the paper (drift): why a trained NormProp net's layer inputs leave N(0, 1).
 
     normprop run drift [--preset quick|cpu|paper]
 
@@ -7,7 +7,7 @@ a nearly diagonal covariance with var(u_i) = sigma^2 ||W_i||^2, so dividing by |
 variance layer after layer (section 3.3). Before training and after every epoch, over the evaluation
 set, `SpreadProbe` measures that premise at the input x of every conv layer k = 1..9, in standard
 units (experiments.probes): the spread of W_i * x / ||W_i|| against the spread of x, the coherence of
-the rows of W, and how far x's patch covariance is from sigma^2 I. `PopulationProbe` (SPEC 6.1) gives
+the rows of W, and how far x's patch covariance is from sigma^2 I. `PopulationProbe` gives
 each layer's average |mean|, std and drift from initialisation.
 
 runs/<run>/spread.csv      SPREAD_COLUMNS, one row per conv layer and epoch

@@ -60,9 +60,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
-    fig.suptitle(
-        results.title(cfg, "Drift (SPEC §11): Prop. 1's premise over training, per conv layer's input"), fontsize=10
-    )
+    fig.suptitle(results.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     return results.save(fig, cfg, "drift")
 

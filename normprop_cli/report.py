@@ -10,6 +10,7 @@ verdicts.csv and sections, after the top-level ones."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -207,10 +208,34 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
     return lines + [""] + notes + [""]
 
 
+BY_EPOCH = re.compile(r"the effect after each epoch \(mean over seeds\): ([^;]*)")
+
+
+def disagreement_epochs(trees: list[Tree], root: Path) -> list[str]:
+    """Under the sentence on the data sets: for each claim they disagree on, its effect after every
+    epoch in each preset (from the verdict's note), so a reader sees whether the budget, not the data
+    set, set the verdicts apart (a gap that is still closing at the last epoch)."""
+    names = dict(zip((id(t) for t in trees), column_names(trees, root), strict=True))
+    lines = []
+    for c in verdicts.claims():
+        if not disagreement(c.id, conclusive(trees, c.id)):
+            continue
+        found = [
+            f"{names[id(t)]}: {m.group(1)}"
+            for t in trees
+            for r in t.rows()
+            if r["claim"] == c.id and (m := BY_EPOCH.search(r.get("note") or ""))
+        ]
+        if found:
+            lines.append(f"- {c.id}, the effect after each epoch ({c.unit}): " + "; ".join(found) + ".")
+    return lines + [""] if lines else []
+
+
 def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
     """'## Verdicts': the table of every preset, the sentence on the data sets, each preset's table in
     full, the rule."""
     lines = ["## Verdicts", "", *summary_table(trees, root), disagreements(trees), ""]
+    lines += disagreement_epochs(trees, root)
     lines += [
         "Each cell: the verdict, the effect with its interval (95%, 90% for an equivalence claim) in the "
         "claim's unit, the number of seeds, and the verdicts on the two halves of the seeds. Each preset's "

@@ -110,3 +110,35 @@ def test_c5_notes_the_gap_after_every_epoch_from_the_runs_metrics(tmp_path):
     pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
     m = measure("C5", tmp_path)
     assert "the effect after each epoch (mean over seeds): 1: -10.00, 2: -1.00, 3: -0.50" in m.notes
+
+
+def write_metrics(sweep, run, accuracies):
+    (sweep / "runs" / run).mkdir(parents=True)
+    pd.DataFrame({"epoch": range(1, len(accuracies) + 1), "test_acc": accuracies}).to_csv(
+        sweep / "runs" / run / "metrics.csv", index=False
+    )
+
+
+def test_c4_notes_its_effect_after_every_epoch_at_equal_epochs(tmp_path):
+    """Batch 1 minus batch 50 after each epoch, from the equal-epochs runs (the capped setting apart):
+    a gap that closes as batch 50 converges shows in the note, not only in the final number."""
+    for row in batch_rows():
+        curve = {"normprop-b1": [85.0, 89.0, 90.0], "normprop-b50": [70.0, 85.0, 89.0]}.get(row["setting"])
+        write_metrics(tmp_path, row["run"], curve or [50.0, 60.0, 70.0])
+    pd.DataFrame(batch_rows()).to_csv(tmp_path / "summary.csv", index=False)
+    m = measure("C4", tmp_path)
+    assert "the effect after each epoch (mean over seeds): 1: +15.00, 2: +4.00, 3: +1.00" in m.notes
+
+
+def test_c1_notes_its_effect_after_every_epoch_averaged_over_batch_sizes(tmp_path):
+    rows = []
+    for seed in range(3):
+        for norm, size, curve in (("global", 50, [80.0, 90.0]), ("batch", 50, [78.0, 89.0]),
+                                  ("global", 100, [70.0, 88.0]), ("batch", 100, [70.0, 88.0])):  # fmt: skip
+            run = f"{norm}-b{size}-s{seed}"
+            rows.append({"run": run, "setting": f"{norm}-b{size}", "seed": seed, "data_norm": norm,
+                         "batch_size": size, "final_test_acc": curve[-1], "status": "complete"})  # fmt: skip
+            write_metrics(tmp_path, run, curve)
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    m = measure("C1", tmp_path)
+    assert "the effect after each epoch (mean over seeds): 1: +1.00, 2: +0.50" in m.notes

@@ -144,6 +144,24 @@ def test_the_verdicts_table_has_a_column_per_preset_and_says_where_the_data_sets
     )
 
 
+def test_where_the_data_sets_disagree_the_effect_after_each_epoch_of_each_preset_follows():
+    root = Path("results")
+    quick = made_up("quick", "digits", {"C4": NOT_REPRODUCED, "C5": NOT_REPRODUCED}).astype({"note": object})
+    quick.loc[quick["claim"] == "C4", "note"] = (
+        "margin 1 pp; the effect after each epoch (mean over seeds): 1: +9.00, 2: +4.00; x"
+    )
+    quick.loc[quick["claim"] == "C5", "note"] = "the effect after each epoch (mean over seeds): 1: -2.00"
+    fashion = made_up("fashion", "fashion-mnist", {"C4": REPRODUCED, "C5": NOT_REPRODUCED}).astype({"note": object})
+    fashion.loc[fashion["claim"] == "C4", "note"] = "the effect after each epoch (mean over seeds): 1: +3.00, 2: +1.00"
+    trees = [report.Tree(root, quick), report.Tree(root / "fashion", fashion)]
+    assert report.disagreement_epochs(trees, root) == [  # C4 only: C5 is not reproduced on both
+        "- C4, the effect after each epoch (pp): quick (digits): 1: +9.00, 2: +4.00; "
+        "fashion (fashion-mnist): 1: +3.00, 2: +1.00.",
+        "",
+    ]
+    assert report.disagreement_epochs(trees[1:], root) == []
+
+
 def test_each_presets_full_table_shows_the_kind_level_margin_and_halves():
     frame = made_up("quick", "digits", {"C1": REPRODUCED, "C5": NOT_REPRODUCED, "C6": REPRODUCED})
     frame.loc[frame["claim"] == "C5", "halves"] = "estimates on opposite sides of -1 pp"

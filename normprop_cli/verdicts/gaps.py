@@ -1,7 +1,7 @@
 """NormProp against BatchNorm, paired by seed. C8's per-seed table: NormProp minus BatchNorm with the
 same activation (paired_gaps), and per seed the activation whose gap falls furthest below ReLU's
 (worst_per_seed); the verdict (measures.c8_activations) and the activations experiment's report both
-read it. C5's gap after every epoch (gap_by_epoch), from the runs' metrics.csv."""
+read it. Any verdict's effect after every epoch (effect_by_epoch), from the runs' metrics.csv."""
 
 from __future__ import annotations
 
@@ -52,23 +52,28 @@ def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFra
     return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
 
 
-def gap_by_epoch(sweep: Path, runs: pd.DataFrame) -> list[str]:
-    """C5's effect after each epoch (BatchNorm minus NormProp test error, mean over augmentation
-    settings and seeds), from the runs' metrics.csv: does the gap close as the runs converge?"""
-    rows = []
-    if "run" not in runs:
+def effect_by_epoch(
+    sweep: Path, runs: pd.DataFrame, column: str, normprop, baseline, within: str | None = None
+) -> list[str]:
+    """A verdict's effect after each epoch, from the runs' metrics.csv: the test accuracy where `column`
+    == normprop minus where it == baseline, paired by seed (and by `within`, then averaged over it),
+    mean over seeds. Does the effect hold still as the runs converge, or does it move with the budget?
+    (An accuracy difference is also the error difference the other way round: C5's BatchNorm minus
+    NormProp error is NormProp minus BatchNorm accuracy.)"""
+    if not {"run", "seed", column} <= set(runs.columns) or (within and within not in runs):
         return []
-    for r in runs.itertuples():
-        path = sweep / "runs" / str(r.run) / "metrics.csv"
+    rows = []
+    for r in runs.to_dict("records"):
+        path = sweep / "runs" / str(r["run"]) / "metrics.csv"
         if path.exists():
             m = pd.read_csv(path)
-            rows += [{"method": r.method, "augment": r.augment, "seed": r.seed, "epoch": e, "error": 100.0 - a}
-                     for e, a in zip(m["epoch"], m["test_acc"], strict=True)]  # fmt: skip
+            key = {column: r[column], "seed": r["seed"], "within": r[within] if within else 0}
+            rows += [key | {"epoch": e, "acc": a} for e, a in zip(m["epoch"], m["test_acc"], strict=True)]
     if not rows:
         return []
-    wide = pd.DataFrame(rows).pivot_table(index=["epoch", "augment", "seed"], columns="method", values="error")
-    if not {"normprop", "batchnorm"} <= set(wide.columns):
+    wide = pd.DataFrame(rows).pivot_table(index=["epoch", "within", "seed"], columns=column, values="acc")
+    if normprop not in wide or baseline not in wide:
         return []
-    gap = (wide["batchnorm"] - wide["normprop"]).dropna().groupby(["epoch", "seed"]).mean().groupby("epoch").mean()
-    text = ", ".join(f"{int(e)}: {g:+.2f}" for e, g in gap.items())
+    effect = (wide[normprop] - wide[baseline]).dropna().groupby(["epoch", "seed"]).mean().groupby("epoch").mean()
+    text = ", ".join(f"{int(e)}: {g:+.2f}" for e, g in effect.items())
     return [f"the effect after each epoch (mean over seeds): {text}"]

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config
 from normprop_cli.experiments.results import NEAR_CHANCE, diverged, format_ci, learned_flags
-from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, gap_by_epoch, paired_gaps, worst_per_seed
+from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_by_epoch, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
     Claim,
@@ -119,6 +119,7 @@ def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     for size, runs_of_size in runs.groupby("batch_size"):  # where the effect comes from
         e = one_sample(+1)(per_seed(runs_of_size, "final_test_acc", "data_norm", "global", "batch"))
         notes.append(f"at batch {int(size)}: {format_ci(e.effect, e.ci_low, e.ci_high)} pp over {e.n_seeds} seeds")
+    notes += effect_by_epoch(sweep, runs, "data_norm", "global", "batch", within="batch_size")
     return Measurement(
         table,
         one_sample(+1),
@@ -258,6 +259,7 @@ def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
         mean, low, high = paired_interval(same["normprop"], same["baseline"], level=level)
         notes.append(f"at equal updates ({equal[0]}: {top_updates:,} updates at batch 1): "
                      f"{format_ci(mean, low, high)} pp ({level:.0%} interval, {len(same)} seeds)")  # fmt: skip
+    notes += effect_by_epoch(sweep, pick, "batch_size", 1, sizes[-1])
     return Measurement(
         table,
         paired(+1),
@@ -274,7 +276,8 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     table = per_seed(runs, "final_test_error", "method", "normprop", "batchnorm", within="augment")
     reference = float(table["baseline"].mean())
     augment = "/".join(str(a) for a in runs["augment"].unique())
-    notes = ["normprop / baseline = test error (%)"] + gap_by_epoch(sweep, runs)
+    notes = ["normprop / baseline = test error (%)"]
+    notes += effect_by_epoch(sweep, runs, "method", "normprop", "batchnorm", within="augment")
     return Measurement(
         table,
         one_sample(-1),

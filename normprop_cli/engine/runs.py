@@ -202,26 +202,27 @@ def tables_problem(path: Path, manifest: dict) -> str | None:
     return None
 
 
-# Text for the report, not for training (the paper's section, what the paper expects of a number): a
-# rewording of it leaves the runs as they are.
-PROSE = ("experiment.paper", "experiment.paper_expects.")
+# The paper's text and numbers, for the report, not for training (experiment.paper, paper_test_error,
+# paper_expects, ...): a rewording of them leaves the runs as they are.
+PROSE = "experiment.paper"
 
 
 def prose(key: str) -> bool:
-    return key == PROSE[0] or key.startswith(PROSE[1])
+    return key.startswith(PROSE)
 
 
 EXTENDABLE = "train.epochs"  # the one key a run may change: more epochs continue it where it stopped
 
 
 def config_differences(spec: RunSpec, path: Path) -> list[str]:
-    """The keys whose values differ between the run directory's config.yaml and the spec's config."""
+    """The keys of the run directory's config.yaml whose values differ in the spec's config (the
+    paper's text and numbers aside)."""
     stored_file = path / CONFIG
     if not stored_file.exists():
         return []
     stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
-    keys = (k for k in stored.keys() | new.keys() if not prose(k))
-    return sorted(k for k in keys if stored.get(k) != new.get(k))
+    # A key the stored config lacks came after the run trained, with a default that keeps what it did.
+    return sorted(k for k in stored if not prose(k) and stored[k] != new.get(k))
 
 
 def extends(spec: RunSpec, path: Path, manifest: dict | None) -> bool:
@@ -248,6 +249,26 @@ def check_same_config(spec: RunSpec, path: Path) -> None:
             f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "
             "differ); pass another --results-dir or delete that run directory"
         )
+
+
+def check_finished_config(spec: RunSpec) -> None:
+    """A finished run is skipped only under the config it was trained with (the report's text aside):
+    a changed setting is refused with the keys that differ, before anything trains, never silently
+    answered with the old run's numbers. More epochs (EXTENDABLE) continue a complete run, and leave a
+    diverged one as it is."""
+    path = run_dir(spec.cfg, spec.name)
+    manifest = read_manifest(path)
+    if not manifest or manifest.get("status") not in FINISHED:
+        return
+    differ = config_differences(spec, path)
+    more = int(spec.cfg.train.epochs) >= int(manifest.get("epochs") or manifest.get("epochs_done") or 0)
+    if not differ or (differ == [EXTENDABLE] and more):
+        return
+    fewer = " (a finished run's epochs can only grow)" if differ == [EXTENDABLE] else ""
+    raise UserError(
+        f"{path} holds finished run {spec.name} with another config ({', '.join(differ[:4])} "
+        f"differ{fewer}); pass another --results-dir or delete that run directory"
+    )
 
 
 def _flat(cfg) -> dict:

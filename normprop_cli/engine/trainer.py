@@ -161,7 +161,7 @@ def _train_locked(
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
         for o in observers:
-            run.extra[o.name] += o.observe(model, eval_batches(run, data, cfg), 0)
+            run.extra[o.name] += o.observe(model, probe_batches(run, data, cfg), 0)
     manifest = (manifest or {}) | {
         "run": spec.name,
         "setting": spec.setting,
@@ -196,7 +196,7 @@ def _train_locked(
         run.history.append(row)
         run.epoch += 1
         for o in observers:
-            run.extra[o.name] += o.observe(model, eval_batches(run, data, cfg), run.epoch)
+            run.extra[o.name] += o.observe(model, probe_batches(run, data, cfg), run.epoch)
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         write_tables(path, run.history, run.extra)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
@@ -301,18 +301,29 @@ def augmentation(cfg: DictConfig, n: int, gen: torch.Generator, device: torch.de
     return None if drawn is None else drawn.to(device)
 
 
-def eval_batches(run: Run, data: Dataset, cfg: DictConfig, split: str = "test") -> Callable[[], Iterator]:
-    """A callable yielding (normalised input, label) batches of a split, in evaluation mode."""
+def eval_batches(
+    run: Run, data: Dataset, cfg: DictConfig, split: str = "test", limit: int | None = None
+) -> Callable[[], Iterator]:
+    """A callable yielding (normalised input, label) batches of a split, in evaluation mode: its first
+    `limit` images where that is set."""
     part = getattr(data, split)
     bs = int(cfg.train.eval_batch_size)
+    n = len(part) if limit is None else min(int(limit), len(part))
 
     def batches():
         run.model.eval()  # observers see the evaluation-mode model; train_epoch switches back
         run.data_norm.eval()
-        for i in range(0, len(part), bs):
-            yield run.data_norm(to_float(part.x[i : i + bs])), part.y[i : i + bs]
+        for i in range(0, n, bs):
+            j = min(i + bs, n)
+            yield run.data_norm(to_float(part.x[i:j])), part.y[i:j]
 
     return batches
+
+
+def probe_batches(run: Run, data: Dataset, cfg: DictConfig) -> Callable[[], Iterator]:
+    """What the observers (probes) see: the test set, or its first train.probe_images images (a
+    per-unit mean and std needs a few thousand, not 10,000, and a probe pass costs an evaluation)."""
+    return eval_batches(run, data, cfg, limit=cfg.train.get("probe_images"))
 
 
 @torch.inference_mode()

@@ -97,12 +97,28 @@ def test_diverging_run_is_recorded_and_the_sweep_goes_on(cli):
 
 def test_another_config_in_the_same_run_directory_is_refused(cli):
     assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
-    # Complete runs are skipped whatever their config; an unfinished one must match.
+    # An unfinished run must match (a finished one too: see the next test).
     run = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "manifest.json"
     manifest = json.loads(run.read_text())
     run.write_text(json.dumps(manifest | {"status": "running"}))
     result = cli("run", "table1", *SMOKE, "train.epochs=2", "model.width=0.125", "--results-dir", cli.results)
     assert result.exit_code == 2 and "another config" in result.output
+
+
+def test_a_changed_setting_on_a_finished_run_is_refused_and_more_epochs_extend_it(cli):
+    """Never "complete, skipped" with the old numbers: another width is refused before anything trains
+    (summary.csv untouched), fewer epochs too; more epochs continue the runs to the new count."""
+    assert cli("run", "table1", *SMOKE, "train.epochs=2", "--results-dir", cli.results).exit_code == 0
+    sweep = cli.results / "table1" / "synthetic"
+    summary = (sweep / "summary.csv").read_bytes()
+    for changed in (["model.width=0.125"], ["train.epochs=1"], ["train.epochs=3", "train.lr=0.01"]):
+        result = cli("run", "table1", *SMOKE, *changed, "--results-dir", cli.results)
+        assert result.exit_code == 2 and "holds finished run" in result.output, changed
+        assert all(c.split("=")[0] in result.output for c in changed)
+        assert (sweep / "summary.csv").read_bytes() == summary
+    assert cli("run", "table1", *SMOKE, "train.epochs=3", "--results-dir", cli.results).exit_code == 0
+    manifest = json.loads((sweep / "runs" / "normprop-s0" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["epochs_done"] == 3
 
 
 def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli):

@@ -22,8 +22,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check normprop_cli tests
-	$(BIN)/ruff format --check normprop_cli tests
+	$(BIN)/ruff check normprop normprop_cli tests
+	$(BIN)/ruff format --check normprop normprop_cli tests
 
 # Every experiment of the paper, then the figures and the report.
 # `make reproduce-all PRESET=paper DATASET=cifar10` runs the paper's protocol (meant for a CUDA GPU).

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from normprop_cli import config
+from normprop_cli import config, hints
 from normprop_cli.errors import UserError
 
 app = typer.Typer(
@@ -20,8 +21,8 @@ app = typer.Typer(
 )
 
 Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
-Preset = Annotated[str | None, typer.Option(help="paper | cpu | quick | smoke (default: quick).")]
-ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: results/).")]
+Preset = Annotated[str | None, typer.Option(help="paper | cpu | fashion | quick | smoke (default: quick).")]
+ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: the preset's, e.g. results/).")]
 
 
 def user_errors(command):
@@ -127,15 +128,33 @@ def run(
         jobs=jobs,
         launcher=launcher,
     )
+    start = time.time()
     out = runner(experiment).run(cfg)
     typer.echo(f"wrote {out}")
+    for figure in figures(out, start):
+        typer.echo(f"wrote {figure}")
+    results = Path(cfg.results_dir)
+    if (results.parent / "REPORT.md").exists():  # e.g. results/cpu: the report above it covers it too
+        results, command = results.parent, hints.command("report", results_dir=results.parent)
+    else:
+        command = hints.of(cfg, "report", dataset=False)
+    typer.echo(f"next: `{command}` puts them in {results / 'REPORT.md'}")
+
+
+def figures(out: Path, since: float) -> list[Path]:
+    """The figures (PNG, PDF) that a run wrote beside its CSVs after `since` (time.time())."""
+    where = out if out.is_dir() else out.parent
+    return sorted(p for ext in ("png", "pdf") for p in where.glob(f"*.{ext}") if p.stat().st_mtime >= since - 1)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 @user_errors
 def status(
     experiment: Annotated[str, typer.Argument(help="An experiment from `normprop list`.")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="The run's overrides, e.g. seeds=3.")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="The overrides the runs were given, e.g. train.epochs=3; for `run --seeds 3`: seeds=3."),
+    ] = None,
     dataset: Dataset = None,
     preset: Preset = None,
     results_dir: ResultsDir = None,
@@ -143,7 +162,7 @@ def status(
     """Where a sweep stands: every run of the grid, its state, epochs and where it ran."""
     from normprop_cli.status import show
 
-    show(compose(experiment, preset, dataset, overrides, results_dir=results_dir))
+    show(compose(experiment, preset, dataset, overrides, results_dir=results_dir), overrides=overrides or [])
 
 
 @app.command("config", context_settings={"allow_interspersed_args": True})
@@ -192,11 +211,11 @@ def plot(
 
 @app.command()
 @user_errors
-def report(results_dir: ResultsDir = None) -> None:
-    """Write results/REPORT.md from the CSVs and figures that are there."""
+def report(preset: Preset = None, results_dir: ResultsDir = None) -> None:
+    """Write REPORT.md in the results directory (the preset's: results/ for quick) from the CSVs and figures there."""
     from normprop_cli.report import write_report
 
-    typer.echo(f"wrote {write_report(results_dir or Path(config.load('theory').results_dir))}")
+    typer.echo(f"wrote {write_report(results_dir or Path(config.load('theory', preset=preset).results_dir))}")
 
 
 @app.command("reproduce-all")
@@ -212,8 +231,6 @@ def reproduce_all(
 ) -> None:
     """Every experiment in the paper's order (theory first), or those the preset lists
     (preset.experiments), then the figures and the report."""
-    import time
-
     from normprop_cli.experiments import RUNNERS, runner
     from normprop_cli.report import write_report
 

@@ -5,6 +5,7 @@ Data flows one way: Typer command -> this module -> experiment runner.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -33,12 +34,29 @@ def options(group: str) -> list[str]:
 
 
 def describe(group: str, name: str) -> str:
-    """The first comment line of an option's YAML: what it is, in one line."""
+    """What an option is, in one line: the first sentence of its YAML's header, whole.
+
+    The header is the leading comment block (after `@package`) up to the first indented comment line (the
+    command examples) or the first line that is not a comment; it may span lines. Its first sentence ends
+    at a full stop outside parentheses followed by a capital letter or the header's end ("Fig. 4" goes
+    on); a header without one is given whole.
+    """
+    words: list[str] = []
     for line in (conf_dir() / group / f"{name}.yaml").read_text().splitlines():
-        text = line.lstrip("# ").strip()
-        if line.startswith("#") and text and not text.startswith("@package"):
-            return text
-    return ""
+        text = line.lstrip("#").strip()
+        if text.startswith("@package"):
+            continue
+        if not line.startswith("#") or not text or line.startswith("#  "):
+            if words:
+                break
+            continue
+        words += text.split()
+    header, depth = " ".join(words), 0
+    for i, ch in enumerate(header):
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "." and not depth and (i + 1 == len(header) or header[i + 1 : i + 3].strip()[:1].isupper()):
+            return header[: i + 1]
+    return header
 
 
 def check_choice(group: str, name: str) -> None:
@@ -71,9 +89,14 @@ def load(
         if value is not None:
             given.append(f"{key}={_override_value(value)}")
     user = _parse(list(overrides))
-    cfg = _compose(given + list(overrides))
+    defaults = _compose(given) if user else None
+    try:
+        cfg = _compose(given + list(overrides))
+    except UserError:
+        check_keys(defaults, user, experiment)  # a key that does not exist: say which, and the nearest that does
+        raise
     if user:
-        check_types(_compose(given), cfg, user)
+        check_types(defaults, cfg, user)
     if cfg.experiment.get("methods") is not None and not cfg.get("grid"):
         cfg.grid = method_grid(cfg.experiment)
     grid_overrides(cfg, user)
@@ -102,6 +125,50 @@ def _parse(overrides: list[str]) -> list[Override]:
 
 def bad_override(exc: Exception) -> UserError:
     return UserError(f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5")
+
+
+def check_keys(defaults: DictConfig | None, user: list[Override], experiment: str) -> None:
+    """An override of a key the composed config lacks is a one-line error naming the key and the
+    nearest key that exists (`epochs=3`: did you mean `train.epochs=3`?); one of a config group
+    (dataset=..., model=...), the group's options."""
+    keys = _keys(defaults) if defaults is not None else []
+    for o in user:
+        key, value = o.key_or_group, o.input_line.split("=", 1)[-1]
+        if (conf_dir() / key).is_dir() and not o.is_delete():
+            check_choice(key, value)
+        if o.is_add() or o.is_delete() or OmegaConf.select(defaults, key, default=_ABSENT) is not _ABSENT:
+            continue
+        near = nearest(key, keys)
+        todo = f"did you mean `{near}={value}`?" if near else f"`normprop config {experiment}` shows every key"
+        raise UserError(f"bad override {o.input_line!r}: unknown key '{key}'; {todo}")
+
+
+_ABSENT = object()
+
+
+def _keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, mappings and their values alike (not inside lists)."""
+    out = []
+    for k, v in cfg.items_ex(resolve=False):
+        out.append(f"{prefix}{k}")
+        if isinstance(v, DictConfig):
+            out += _keys(v, f"{prefix}{k}.")
+    return out
+
+
+def nearest(key: str, keys: list[str]) -> str | None:
+    """The key meant by a mistyped one: the same last part elsewhere (`lr` -> `train.lr`), else the
+    closest whole key (`train.epoch` -> `train.epochs`), else the closest last part."""
+    last = key.rsplit(".", 1)[-1]
+    same = [k for k in keys if k.rsplit(".", 1)[-1] == last]
+    if same:
+        return min(same, key=lambda k: (-difflib.SequenceMatcher(None, key, k).ratio(), k.count("."), k))
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    ends = {k.rsplit(".", 1)[-1]: k for k in sorted(keys, key=lambda k: k.count("."), reverse=True)}
+    close = difflib.get_close_matches(last, list(ends), n=1, cutoff=0.75)
+    return ends[close[0]] if close else None
 
 
 KINDS = {bool: "true or false", int: "a whole number", float: "a number", list: "a list, e.g. [a,b]",

@@ -1,4 +1,6 @@
-"""Atomic result files: every write goes to a temporary file beside the target, then a rename.
+"""Atomic result files: every write goes to a temporary file beside the target, then a rename. The
+file gets the mode a plain open() would give it (0o666 less the umask: 0644 under a umask of 022),
+not mkstemp's private 0600, so that a group can read the results.
 
 A write that fails for want of space or permission leaves the previous file as it was and is a
 one-line error that says so and what to do."""
@@ -27,6 +29,7 @@ def atomic_write(path: Path, write: Callable[[Path], None], keep: Path | None = 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~umask())
         os.close(fd)
         write(Path(tmp))
         if keep is not None and path.exists():
@@ -40,6 +43,20 @@ def atomic_write(path: Path, write: Callable[[Path], None], keep: Path | None = 
             raise
         raise error from None
     return path
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status), else
+    by setting it and putting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_error(path: Path, exc: OSError) -> UserError | None:

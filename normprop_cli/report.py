@@ -18,13 +18,13 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from normprop_cli import config, io, verdicts
-from normprop_cli.engine.runs import CONFIG
+from normprop_cli import config, hints, io, smoke, verdicts
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import RUNNERS, runner
 from normprop_cli.experiments.plateau import plateau_section
 from normprop_cli.experiments.results import format_ci
-from normprop_cli.verdicts import paper_datasets, provenance, result_dirs
+from normprop_cli.verdicts import provenance, result_dirs
+from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F401 (augmentation: report's API)
 
 PRESET_ORDER = ("quick", "cpu", "fashion")  # the first table's columns; other presets follow by name
 CONCLUSIVE = (verdicts.REPRODUCED, verdicts.NOT_REPRODUCED)
@@ -255,69 +255,6 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
 # ---- the experiments' sections ----------------------------------------------------------------------
 
 
-INPUTS = {  # how a data set's images enter the NIN, where that is not the paper's 3x32x32
-    "fashion-mnist": "Input: Fashion-MNIST's 28x28 grey images, zero-padded by 2 pixels to 32x32 (the background "
-    "is 0), one input channel; `train.augment` applies random horizontal flips, as the paper's CIFAR protocol does.",
-    "digits": "Input: scikit-learn's 8x8 digits, resized to 32x32 and copied into three channels.",
-}
-
-
-def departures(experiment: str, prov: dict, directory: Path | None = None) -> list[str]:
-    """Plain sentences wherever a run departs from the paper's protocol."""
-    if not prov:
-        return []
-    cfg, out = prov["cfg"], []
-    paper_sets = paper_datasets(experiment)
-    dataset = cfg.dataset.name
-    if dataset not in paper_sets:
-        out.append(
-            f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
-            "comparable with the paper's, only the trends are."
-        )
-    paper = verdicts.paper_protocol(experiment, dataset)
-    if cfg.train.epochs != paper.train.epochs:
-        out.append(f"Epochs: {cfg.train.epochs} per run, the paper's protocol has {paper.train.epochs}.")
-    if cfg.train.lr_halve_every != paper.train.lr_halve_every:
-        out.append(
-            f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
-            f"every {paper.train.lr_halve_every}."
-        )
-    if cfg.model.width != 1.0:
-        out.append(f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0).")
-    if cfg.dataset.get("limit"):
-        out.append(f"Only {cfg.dataset.limit} examples per split were used.")
-    if cfg.dataset.get("train_limit"):
-        out.append(
-            f"Training images: a seeded subset of {cfg.dataset.train_limit:,} of the training split "
-            "(validation and test whole)."
-        )
-    if dataset in INPUTS:
-        out.append(INPUTS[dataset])
-    if prov["seeds"] < int(paper.seeds):
-        out.append(f"Seeds: {prov['seeds']}, the paper preset uses {paper.seeds}.")
-    if directory is not None and augments(directory):
-        out += augmentation(dataset, cfg.dataset.get("augment"))
-    return out
-
-
-def augments(directory: Path) -> bool:
-    """Did any run of the sweep train with augmentation (train.augment)?"""
-    return any(
-        OmegaConf.select(OmegaConf.load(path), "train.augment", default=False)
-        for path in sorted((directory / "runs").glob(f"*/{CONFIG}"))
-    )
-
-
-def augmentation(dataset: str, mode: str | None) -> list[str]:
-    """The paper flips CIFAR images (section 5.5); what the runs did instead, if not that."""
-    if mode is None or mode == "flip" or dataset in ("cifar10", "cifar100"):
-        return []
-    if mode == "translate":
-        why = " (digits are not mirror-symmetric)" if dataset == "digits" else ""
-        return [f"Augmentation: small random translations, not the paper's horizontal flips{why}."]
-    return [f"Augmentation: {mode}, not the paper's horizontal flips."]
-
-
 def _title(experiment: str) -> str:
     try:
         return OmegaConf.select(config.load(experiment), "experiment.paper", default=None) or ""
@@ -325,14 +262,15 @@ def _title(experiment: str) -> str:
         return ""
 
 
-def section(experiment: str, results: Path, root: Path | None = None) -> list[str]:
-    """One experiment of one results tree; figure links relative to `root` (where REPORT.md is)."""
+def section(experiment: str, results: Path, root: Path | None = None, preset: str = "") -> list[str]:
+    """One experiment of one results tree (of `preset`); figure links relative to `root` (where REPORT.md is)."""
     root = Path(root or results)
     title = _title(experiment)
     lines = [f"## {experiment}" + (f" — {title}" if title else ""), ""]
     dirs = result_dirs(results, experiment)
     if not dirs:
-        return lines + [f"**Missing**: not run yet. `normprop run {experiment}` produces it.", ""]
+        command = hints.command("run", experiment, preset=preset, results_dir=results)
+        return lines + [f"**Missing**: not run yet. `{command}` produces it.", ""]
     module = runner(experiment)
     for directory in dirs:
         prov = provenance(directory)
@@ -389,15 +327,16 @@ def experiments(tree: Path, root: Path, preset: str = "") -> list[str]:
     names = [e for e in RUNNERS if e in preset_experiments(preset)]
     missing = [e for e in names if not result_dirs(tree, e)]
     lines = [f"Missing experiments: {', '.join(missing)}.", ""] if missing else []
+    preset = preset or (verdicts.tabulate.tree_preset(tree) if missing else "")  # for the hints
     for experiment in names:
-        lines += section(experiment, tree, root)
+        lines += section(experiment, tree, root, preset)
     return lines
 
 
 def write_report(results: Path) -> Path:
     """REPORT.md in `results`, and verdicts.csv in every results tree found there."""
     results = Path(results)
-    trees = [Tree(path, verdicts.table(path)) for path in results_trees(results)]
+    trees, left_out = smoke.leave_out([Tree(path, verdicts.table(path)) for path in results_trees(results)], results)
     for tree in trees:
         verdicts.write_verdicts(tree.path, tree.frame)
     lines = [
@@ -406,6 +345,7 @@ def write_report(results: Path) -> Path:
         "Every experiment of Arpit et al. (ICML 2016), reproduced by `normprop`; written by "
         "`normprop report` from the CSVs under this directory.",
         "",
+        *[line for note in left_out for line in (note, "")],
     ]
     lines += verdicts_section(ordered(trees, results), results)
     lines += plateau_section(results) + experiments(results, results)

@@ -1,21 +1,38 @@
 """`normprop status EXPERIMENT`: where a sweep stands, read from its run directories alone.
 
-Every run of the grid with its state (missing, running, complete, diverged), its last epoch out
-of its total, where it ran (host, device) and, for a SLURM submission, its job.
+Every run of the grid with its state (missing, running, stopped, complete, diverged), its last epoch
+out of its total, where it ran (host, device) and, for a SLURM submission, its job. A run whose
+manifest says running but whose lock no live process holds (Ctrl-C, a kill) is "stopped, resumable".
+Where none of the grid's runs is there, the presets and data sets whose runs are, with the command
+that shows them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from normprop_cli import hints
 from normprop_cli.engine import expand_grid, run_dir, sweep_dir
+from normprop_cli.engine.lock import held
 from normprop_cli.engine.runs import read_manifest, submitted
 
-STATE_STYLES = {"missing": "dim", "running": "yellow", "complete": "green", "diverged": "red", "damaged": "red"}
+STOPPED = "stopped, resumable"  # the manifest says running, but no live process holds the run's lock
+STATE_STYLES = {"missing": "dim", "running": "yellow", STOPPED: "magenta", "complete": "green", "diverged": "red",
+                "damaged": "red"}  # fmt: skip
+COUNTED = {STOPPED: "stopped (resumable)"}  # a state's words in the line of counts, where they hold a comma
+
+
+def state(path: Path, manifest: dict) -> str:
+    """The manifest's status; STOPPED for a "running" run that no live process holds."""
+    status = manifest.get("status", "missing")
+    return STOPPED if status == "running" and not held(path) else status
 
 
 def rows(cfg: DictConfig) -> list[dict]:
@@ -23,11 +40,12 @@ def rows(cfg: DictConfig) -> list[dict]:
     jobs = submitted(cfg)
     out = []
     for spec in expand_grid(cfg):
-        manifest = read_manifest(run_dir(spec.cfg, spec.name)) or {}
+        path = run_dir(spec.cfg, spec.name)
+        manifest = read_manifest(path) or {}
         out.append(
             {
                 "run": spec.name,
-                "state": manifest.get("status", "missing"),
+                "state": state(path, manifest),
                 "epoch": manifest.get("epochs_done", 0),
                 "epochs": manifest.get("epochs", int(spec.cfg.train.epochs)),
                 "host": manifest.get("host", ""),
@@ -39,8 +57,41 @@ def rows(cfg: DictConfig) -> list[dict]:
     return out
 
 
-def show(cfg: DictConfig, console: Console | None = None) -> list[dict]:
-    """Print the sweep's runs as a table and a count per state; return the rows."""
+def elsewhere(cfg: DictConfig) -> list[tuple[str, str, Path]]:
+    """(preset, data set, results tree) of the runs of cfg's experiment under its results directory
+    and the trees one level down (results/smoke/, results/cpu/), one manifest read per sweep."""
+    root = Path(cfg.results_dir)
+    trees = [root, *sorted(d for d in root.iterdir() if d.is_dir())] if root.is_dir() else []
+    found = []
+    for tree in trees:
+        for sweep in sorted((tree / cfg.experiment.name).glob("*/runs")):
+            first = next(iter(sorted(sweep.glob("*/manifest.json"))), None)
+            manifest = (read_manifest(first.parent) or {}) if first else {}
+            if manifest.get("preset"):
+                found.append((manifest["preset"], manifest.get("dataset", sweep.parent.name), tree))
+    return found
+
+
+def where_they_are(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[str]:
+    """Where none of the grid's runs is in the results directory: the commands that show the runs of
+    the experiment that are there (another preset, data set or results tree), or what to give."""
+    name, here = cfg.experiment.name, (cfg.preset.name, cfg.dataset.name, Path(cfg.results_dir))
+    found = elsewhere(cfg)
+    if not found:
+        return [f"no run of {name} in {cfg.results_dir}: `{hints.of(cfg, 'run', name, extra=overrides)}` trains them"]
+    if here in found:
+        return [f"{sweep_dir(cfg)} holds other runs of {name}: give status the overrides (seeds=N, grid, ...) "
+                "that they were trained with"]  # fmt: skip
+    out = [f"none of these runs is in {cfg.results_dir}; runs of {name} that are:"]
+    for preset, dataset, tree in dict.fromkeys(found):
+        command = hints.command("status", name, preset=preset, results_dir=tree, dataset=dataset, extra=overrides)
+        out.append(f"  {preset} preset on {dataset} ({tree}): {command}")
+    return out
+
+
+def show(cfg: DictConfig, console: Console | None = None, overrides: Sequence[str] = ()) -> list[dict]:
+    """Print the sweep's runs as a table and a count per state, and what to do where runs stopped or
+    none is there; return the rows. `overrides`: those the command was given, for the commands it suggests."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # a log or a pipe: no need to squeeze the table into 80 columns
@@ -64,5 +115,12 @@ def show(cfg: DictConfig, console: Console | None = None) -> list[dict]:
     console.print(table)
     counts = Counter(r["state"] for r in runs)
     states = [s for s in STATE_STYLES if counts[s]] + [s for s in counts if s not in STATE_STYLES]
-    console.print(f"{len(runs)} run(s): " + ", ".join(f"{counts[s]} {s}" for s in states))
+    console.print(f"{len(runs)} run(s): " + ", ".join(f"{counts[s]} {COUNTED.get(s, s)}" for s in states))
+    lines = []
+    if counts[STOPPED]:
+        lines.append(f"`{hints.of(cfg, 'run', cfg.experiment.name, extra=overrides)}` resumes the stopped run(s)")
+    if counts["missing"] == len(runs) and not any(r["job"] for r in runs):  # a job not yet started: wait
+        lines += where_they_are(cfg, overrides)
+    for line in lines:
+        console.print(escape(line), highlight=False, soft_wrap=True)
     return runs

@@ -1,4 +1,5 @@
-"""The configs ship inside the wheel: `normprop` works from an installed wheel, not only a checkout."""
+"""The configs ship inside the wheel: `normprop` works from an installed wheel, not only a checkout, and
+`import normprop` (the distribution's name) gives the layers there."""
 
 import subprocess
 import sys
@@ -29,6 +30,7 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     shipped = {n.removeprefix("normprop_cli/conf/") for n in names if n.startswith("normprop_cli/conf/")}
     in_repo = {p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml")}
     assert in_repo <= shipped
+    assert "normprop/__init__.py" in names
     # Install it apart from the checkout and compose a config there, away from the repository.
     site = tmp_path / "site"
     subprocess.run(
@@ -37,7 +39,8 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     code = (
         "import normprop_cli, normprop_cli.config as c; "
         "cfg = c.load('table1', preset='paper', dataset='svhn'); "
-        "print(normprop_cli.__file__); print(c.conf_dir()); print(cfg.train.epochs)"
+        "print(normprop_cli.__file__); print(c.conf_dir()); print(cfg.train.epochs); "
+        "import normprop; from normprop import NormPropConv2d; print(normprop.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -49,3 +52,4 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     ).stdout.split()
     assert out[0].startswith(str(site)) and out[1] == str(site / "normprop_cli" / "conf")
     assert out[2] == "25"  # SVHN's 25 epochs: the experiment_dataset group shipped too
+    assert out[3] == str(site / "normprop" / "__init__.py")

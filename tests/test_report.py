@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normprop_cli import report, verdicts
+from normprop_cli import report, smoke, verdicts
 from normprop_cli.experiments import RUNNERS, table1
 from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
 
@@ -23,8 +23,8 @@ def test_report_renders_with_experiments_missing_and_names_them(cli):
     report_md = (cli.results / "REPORT.md").read_text()
     missing = [e for e in RUNNERS if e != "table1"]
     assert f"Missing experiments: {', '.join(missing)}." in report_md
-    for experiment in missing:
-        assert f"`normprop run {experiment}` produces it" in report_md
+    for experiment in missing:  # the command that fills the gap, with the tree's preset and results directory
+        assert f"`normprop run {experiment} --preset smoke --results-dir {cli.results}` produces it" in report_md
     assert "![table1 table1](table1/synthetic/table1.png)" in report_md
     assert "test error %" in report_md and "(normprop, augmentation none" in report_md
     assert "preset **smoke**" in report_md and "device cpu" in report_md
@@ -174,3 +174,43 @@ def test_each_presets_full_table_shows_the_kind_level_margin_and_halves():
     )
     assert "| superiority, 95%: 0 |" in row["C6"]
     assert "| **not measured** | — | — | — | — |" in row["C2"]
+
+
+def test_smoke_results_have_a_tree_of_their_own_that_the_report_of_results_leaves_out(cli, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the presets' own results directories are relative: results/smoke here
+    grid = "grid=[{id: a, set: {model.norm: normprop}}, {id: b, set: {model.norm: batchnorm}}]"
+    assert cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1", grid).exit_code == 0
+    assert (tmp_path / "results" / "smoke" / "table1" / "synthetic" / "summary.csv").exists()
+    assert not (tmp_path / "results" / "table1").exists()
+    assert cli("report").exit_code == 0
+    text = (tmp_path / "results" / "REPORT.md").read_text()
+    assert "Left out: `smoke/`, smoke-preset results (synthetic images, for tests); `normprop report --preset smoke` " \
+           "reports them alone." in text  # fmt: skip
+    assert "synthetic" not in text.replace("synthetic images", "") and "smoke (" not in text
+    assert "| C5: " in text and text.count("| not measured |") == 8  # no verdict from the smoke run
+    assert not (tmp_path / "results" / "smoke" / "verdicts.csv").exists()
+    # the smoke results' own report has them
+    assert cli("report", "--preset", "smoke").exit_code == 0
+    own = (tmp_path / "results" / "smoke" / "REPORT.md").read_text()
+    assert "Left out" not in own and "| claim | smoke (synthetic) |" in own and "**inconclusive**" in own
+
+
+def test_a_smoke_sweep_inside_a_real_tree_gives_none_of_its_verdicts():
+    root = Path("results")
+    quick = made_up("quick", "digits", {"C1": REPRODUCED})
+    synthetic = made_up("smoke", "synthetic", {"C1": NOT_REPRODUCED, "C5": INCONCLUSIVE})
+    frame = pd.concat([quick[quick["claim"] != "C5"], synthetic[synthetic["claim"].isin(["C1", "C5"])]])
+    frame = frame.sort_values("claim", kind="stable").reset_index(drop=True)
+    [tree], notes = smoke.leave_out([report.Tree(root, frame)], root)
+    assert tree.preset == "quick" and list(tree.frame["claim"]) == [f"C{i}" for i in range(1, 9)]
+    rows = tree.frame.set_index("claim")
+    assert rows.loc["C1", "dataset"] == "digits" and rows.loc["C1", "verdict"] == REPRODUCED
+    assert rows.loc["C5", "verdict"] == NOT_MEASURED and rows.loc["C5", "preset"] == "quick"
+    assert "only smoke-preset results" in rows.loc["C5", "note"]
+    assert notes == [
+        "Left out of the verdicts: the smoke-preset results (synthetic images, for tests) of data-norm on synthetic, "
+        "table1 on synthetic in this directory."
+    ]
+    # a report of smoke results alone keeps them
+    smoke_tree = report.Tree(root, synthetic)
+    assert smoke.leave_out([smoke_tree], root) == ([smoke_tree], [])

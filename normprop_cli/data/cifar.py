@@ -3,10 +3,15 @@
 val = min(5000, n_train // 10) images of the training files drawn by a seeded permutation, train = the
 rest, test = the test file. On the real files that is the paper's 45,000 / 5,000 / 10,000 (section 5);
 smaller files keep 10 % for validation.
+
+The pickles are read by `_BatchUnpickler`, which builds dicts, lists, strings, bytes and numbers (pickle's
+own opcodes) and numpy arrays, and nothing else: a pickle that names any other class or function (the way
+a pickle runs code) is refused as a corrupt data set before anything is called.
 """
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from pathlib import Path
 
@@ -47,10 +52,49 @@ def _entry(d, key: str):
     raise KeyError(f"no {key!r} entry")
 
 
+def _numpy_module(name: str):
+    """numpy's `_core.<name>` (numpy 2) or `core.<name>` (numpy 1), without the deprecated alias's warning."""
+    try:
+        return importlib.import_module(f"numpy._core.{name}")
+    except ImportError:
+        return importlib.import_module(f"numpy.core.{name}")
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """`_codecs.encode(text, "latin1")`, how Python 3 writes bytes under pickle protocols 0-2; no other codec."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"refused _codecs.encode of {type(text).__name__} to {encoding!r}")
+    return text.encode("latin1")
+
+
+_multiarray, _numeric = _numpy_module("multiarray"), _numpy_module("numeric")
+# What a CIFAR batch names, and numpy needs to rebuild its arrays: ndarray.__reduce__ (_reconstruct, then
+# __setstate__ with a dtype and the bytes), under numpy 1's and numpy 2's module names, and protocol 5's
+# _frombuffer; and bytes as Python 3 writes them under protocols 0-2. Nothing here runs anything but
+# numpy's own array construction and a latin-1 encoding.
+_ALLOWED_GLOBALS = {
+    ("_codecs", "encode"): _latin1_bytes,
+    **{(f"numpy.{core}.multiarray", "_reconstruct"): _multiarray._reconstruct for core in ("core", "_core")},
+    **{(f"numpy.{core}.numeric", "_frombuffer"): _numeric._frombuffer for core in ("core", "_core")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """pickle.Unpickler that admits only `_ALLOWED_GLOBALS`: a CIFAR batch, never code."""
+
+    def find_class(self, module: str, name: str):
+        try:
+            return _ALLOWED_GLOBALS[module, name]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refused {module}.{name}: not part of a CIFAR batch") from None
+
+
 def _read_cifar(name: str, path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
-            d = pickle.load(f, encoding="latin1")
+            d = _BatchUnpickler(f, encoding="latin1").load()
         data = np.asarray(_entry(d, "data"))
         labels = np.asarray(_entry(d, label_key), dtype=np.int64)
     except Exception as exc:

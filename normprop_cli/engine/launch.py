@@ -15,7 +15,6 @@ run was submitted as, are in <results_dir>/.submitit/.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from normprop_cli import device as devices
-from normprop_cli import io
+from normprop_cli import hints, io
 from normprop_cli.engine import parallel
 from normprop_cli.engine.progress import QuietProgress
 from normprop_cli.engine.runs import RunSpec, record_path, submitit_folder, submitted
@@ -48,11 +47,8 @@ class RunTask(submitit.helpers.Checkpointable):
 
 
 def status_command(cfg: DictConfig) -> str:
-    words = ["normprop", "status", cfg.experiment.name, "--dataset", cfg.dataset.name, "--preset", cfg.preset.name]
-    if str(cfg.results_dir) != "results":
-        words += ["--results-dir", str(cfg.results_dir)]
-    words += [f"seeds={cfg.seeds}"] + ([f"seed={cfg.seed}"] if int(cfg.seed) else [])
-    return shlex.join(words)
+    seeds = [f"seeds={cfg.seeds}"] + ([f"seed={cfg.seed}"] if int(cfg.seed) else [])
+    return hints.of(cfg, "status", cfg.experiment.name, extra=seeds)
 
 
 def run_local(cfg: DictConfig, todo: Sequence[RunSpec], observers: parallel.Observers, progress: QuietProgress) -> None:

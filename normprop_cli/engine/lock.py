@@ -58,6 +58,14 @@ def hold(directory: Path, run: str) -> Iterator[None]:
             path.unlink(missing_ok=True)
 
 
+def held(directory: Path) -> bool:
+    """Does a live process hold the lock of the run in `directory`? False where there is no lock, or
+    only a dead process's (`normprop status`: a run stopped by Ctrl-C or a kill is resumable)."""
+    path = directory / LOCK
+    holder = _read(path)
+    return holder is not None and not _dead(path, holder)
+
+
 def _create(path: Path, content: dict) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli import io
+from normprop_cli import hints, io
 from normprop_cli.engine.runs import METRICS, RunSpec, run_dir, sweep_dir
 from normprop_cli.errors import UserError
 
@@ -287,9 +287,8 @@ def save(fig, cfg: DictConfig, name: str) -> list[Path]:
 
 
 def command(cfg: DictConfig) -> str:
-    """The command that (re)produces this sweep's CSVs."""
-    name, preset, dataset = cfg.experiment.name, cfg.preset.name, cfg.dataset.name
-    return f"normprop run {name} --preset {preset} --dataset {dataset}"
+    """The command that (re)produces this sweep's CSVs, with the user's preset, data set and results directory."""
+    return hints.of(cfg, "run", cfg.experiment.name)
 
 
 def read(cfg: DictConfig, name: str) -> pd.DataFrame:

@@ -1,8 +1,8 @@
 """NormProp (Arpit et al., ICML 2016) as plain PyTorch layers, with the NIN backbone.
 
-Use in your own model::
+Use in your own model (`normprop` re-exports all of this: `from normprop import ...`)::
 
-    from normprop_cli.nn import NormPropConv2d, NormPropLinear, constrain_unit_norm_
+    from normprop import NormPropConv2d, NormPropLinear, constrain_unit_norm_
 
     model = nn.Sequential(NormPropConv2d(3, 64, 3, padding=1), nn.MaxPool2d(2), nn.Flatten(),
                           NormPropLinear(64 * 16 * 16, 10, activation=None))  # classifier
@@ -11,7 +11,8 @@ Use in your own model::
 
 Inputs should be normalised per element (section 4.1). `activation=` takes "relu" (default),
 "prelu" (learnable slope), "tanh", "sigmoid", "identity" or a name given to
-`register_activation`; `jacobian=` takes "divide" (ICML), "init" (arXiv) or "off".
+`register_activation`; `jacobian=` takes "divide" (ICML), "init" (arXiv) or "off". Pooling goes
+after a layer as usual, not re-normalised (section 3.2; `help(NormPropConv2d)`).
 This package imports only torch and numpy, and timm for three of the normalisers
 (`ws-gn`, `scaledws`, `frn`) when they are built.
 """

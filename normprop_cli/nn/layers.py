@@ -9,26 +9,42 @@ factor (section 3.4). `jacobian` chooses where f goes: "divide" (ICML text, the 
 Every activation uses this form; eq. 12 as printed also divides beta_i by ||W_i|| and drops f.
 """
 
-from collections.abc import Sequence
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .folded import Folded, _autocast_dtype, _FoldedOp, fold
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
 
+_ARGUMENTS = """
+    NormProp's own arguments, by keyword:
 
-class Folded(NamedTuple):
-    """One layer's eq. 11 folded (NormPropLayer docstring), per filter i."""
+    activation: the nonlinearity, which fixes c2 and c1 (mean and std of act(X), X ~ N(0, 1)) and the
+        Jacobian factor f. "relu" (default: c2 = 0.399, c1 = 0.584, f = 1.21, Remark 1), "prelu" (a
+        learnable slope a; c2, c1 and f follow a, Remark 2), "tanh", "sigmoid", "identity", or a name given
+        to `register_activation(name, fn)` (c2, c1, f by quadrature, section 4.6). None: the classifier
+        layer, gamma_i (W_i x) / ||W_i|| + beta_i with nothing after; make it the last layer.
+    jacobian: where f goes (section 3.4). "divide" (default, ICML text): the pre-activation is divided by
+        f; "init" (arXiv text): gamma_i starts at 1/f and nothing is divided, the same function at
+        initialisation; "off": f = 1.
+    prelu_init: the PReLU slope a at initialisation (default 0.25); used by activation="prelu" only.
 
-    scale: Tensor  # s_i = gamma_i / (f c1 ||W_i||), multiplies W_i * x
-    bias: Tensor  # (beta_i - c2) / c1
-    dscale: Tensor  # ds_i / dgamma_i = 1 / (f c1 ||W_i||)
-    radial: Tensor  # s_i / ||W_i||^2: through ||W_i||, dL/dW_i gets -radial_i (dL/ds_i) W_i
-    inv_c1: Tensor  # db_i / dbeta_i = 1 / c1
+    Pooling: put nn.MaxPool2d / nn.AvgPool2d after the layer as usual, with no re-normalisation. The
+    paper does not recompute mean and std after pooling (end of section 3.2): the max or average of k
+    independent N(0, 1) units would move them (max of 9: mean 1.49, std 0.60; `maxpool_stats`), but
+    neighbouring units are computed from overlapping patches and are highly correlated, so the
+    statistics barely change. The NIN here does the same (plain pooling between NormProp convs), and the
+    next layer's learnt gamma_i, beta_i can absorb what shift remains. Standardise by `maxpool_stats(k)`
+    yourself only if your pooled units are close to independent.
+"""
+
+
+def _documented(cls: type) -> type:
+    """Append NormProp's own arguments to the class docstring, for help()."""
+    cls.__doc__ = (cls.__doc__ or "") + "\n" + _ARGUMENTS
+    return cls
 
 
 class NormPropLayer(nn.Module):
@@ -56,10 +72,16 @@ class NormPropLayer(nn.Module):
     """
 
     def __init__(
-        self, out_features: int, activation: str | None, jacobian: str, prelu_init: float, device=None, dtype=None
-    ) -> None:
+        self, out_features: int, activation: str | None, jacobian: str, prelu_init: float, bias=True, device=None,
+        dtype=None,
+    ) -> None:  # fmt: skip
         super().__init__()
         factory = {"device": device, "dtype": dtype}
+        name = type(self).__name__
+        if isinstance(bias, str):  # e.g. NormPropLinear(3, 2, "tanh"), as before bias existed
+            raise TypeError(f"{name} takes activation, jacobian and prelu_init by keyword; got bias={bias!r}")
+        if not bias:
+            raise ValueError(f"{name} learns beta_i, its bias (eq. 11): bias=False is not NormProp")
         if jacobian not in JACOBIAN_MODES:
             raise ValueError(f"jacobian must be one of {JACOBIAN_MODES}, got {jacobian!r}")
         self.activation = "identity" if activation is None else activation
@@ -136,10 +158,16 @@ class NormPropLayer(nn.Module):
             and _autocast_dtype(x) in (None, torch.bfloat16)
         )
 
-    def forward(self, x: Tensor, folded: Folded | None = None) -> Tensor:
-        """Eq. 11; `folded` is this layer's share of `fold(layers)`, computed here when None."""
-        if folded is not None:
-            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *folded, self)
+    def _fold_next(self, share: Folded) -> None:
+        """Make the next forward use `share`, this layer's part of `fold(layers)` over many layers (NIN
+        folds its nine at once), instead of folding alone; the call still goes through `__call__` and hooks."""
+        self.__dict__["_share"] = share
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Eq. 11 (eq. 9 for NormPropLinear) on x; the class docstring says which road it takes."""
+        share = self.__dict__.pop("_share", None)  # left by `_fold_next`, used once
+        if share is not None:
+            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *share, self)
         if self._folded_ok(x):
             return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *fold([self])[0], self)
         st = self.stats()
@@ -163,6 +191,7 @@ class NormPropLayer(nn.Module):
         return f"activation={self.activation}, jacobian={self.jacobian}"
 
 
+@_documented
 class NormPropConv2d(NormPropLayer):
     """Convolution with NormProp, eq. 11; ||W_i||_F over each filter (in / groups x kh x kw).
 
@@ -187,14 +216,12 @@ class NormPropConv2d(NormPropLayer):
         jacobian: str = "divide",
         prelu_init: float = 0.25,
     ) -> None:
-        if not bias:
-            raise ValueError("NormPropConv2d learns beta_i, its bias (eq. 11): bias=False is not NormProp")
         if padding_mode != "zeros":
             raise ValueError(f"NormPropConv2d pads with zeros; padding_mode={padding_mode!r} is not supported")
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"in_channels and out_channels must be divisible by groups={groups}")
         factory = {"device": device, "dtype": dtype}
-        super().__init__(out_channels, activation, jacobian, prelu_init, **factory)
+        super().__init__(out_channels, activation, jacobian, prelu_init, bias, **factory)
         kh, kw = _pair(kernel_size)
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = (kh, kw), _pair(stride), _pair(dilation)
@@ -242,20 +269,29 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+@_documented
 class NormPropLinear(NormPropLayer):
-    """Fully connected layer with NormProp, eq. 9; ||W_i||_2 over each row."""
+    """Fully connected layer with NormProp, eq. 9; ||W_i||_2 over each row.
+
+    It takes nn.Linear's arguments, then NormProp's own by keyword, as NormPropConv2d does.
+    `bias` is beta_i of eq. 9, which NormProp always learns."""
 
     def __init__(
         self,
         in_features: int,
         out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
         activation: str | None = "relu",
         jacobian: str = "divide",
         prelu_init: float = 0.25,
     ) -> None:
-        super().__init__(out_features, activation, jacobian, prelu_init)
+        factory = {"device": device, "dtype": dtype}
+        super().__init__(out_features, activation, jacobian, prelu_init, bias, **factory)
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.reset_parameters()
 
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -269,101 +305,6 @@ class NormPropLinear(NormPropLayer):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {super().extra_repr()}"
-
-
-@torch.no_grad()
-def fold(layers: Sequence[NormPropLayer]) -> list[Folded]:
-    """`Folded` of each layer (ReLU or classifier), in a few operations for all layers together."""
-    norms = torch.cat([torch.linalg.vector_norm(m.weight, dim=_rows(m.weight)) for m in layers])
-    consts = torch.cat([m.folded_constants(norms) for m in layers], dim=1)
-    dscale = consts[0] / norms
-    scale = torch.cat([m.gamma for m in layers]) * dscale
-    bias = torch.addcmul(consts[2], torch.cat([m.beta for m in layers]), consts[1])
-    radial = scale / (norms * norms)
-    sizes = [m.gamma.numel() for m in layers]
-    parts = (t.split(sizes) for t in (scale, bias, dscale, radial, consts[1]))
-    return [Folded(*p) for p in zip(*parts, strict=True)]
-
-
-def _rows(w: Tensor) -> tuple[int, ...]:
-    return tuple(range(1, w.ndim))
-
-
-class _FoldedOp(torch.autograd.Function):
-    """out_i = max(s_i (W_i * x) + b_i, -c2/c1) (eq. 11 folded; no max for the classifier).
-
-    The scale goes on the weights (W s) or, when the output is smaller than the weights (batch
-    size 1, late layers), on the output. Backward, with G = dL/dW at fixed s, ds_i = dL/ds_i and
-    db_i = dL/db_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
-    dL/dbeta_i = db_i / c1.
-
-    Under bfloat16 autocast the scale always goes on the weights, which the convolution needs in
-    bfloat16 anyway: W s is computed in float32 and stored in bfloat16, the one cast autocast
-    would make of the weight, and b joins the convolution's float32 sum rather than a rounded
-    W * x it may cancel. x is cast once (the first layer's), the convolution and the clamp run in
-    bfloat16, G comes back to float32 once (autocast's cast of a weight's gradient), and the
-    gradients of the float32 parameters are float32.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, gamma, beta, scale, bias, dscale, radial, inv_c1, layer):
-        low = _autocast_dtype(x)  # None: float32, the ops as they always were
-        if low is not None:
-            x = x.to(low)
-        on_output = low is None and layer.scales_output(x)
-        if on_output:
-            u = layer._op(x, weight, None)
-            out = torch.addcmul(_channels(bias, u), u, _channels(scale, u))
-        else:
-            u = torch.mul(weight, _filters(scale, weight), out=_out(weight, low))
-            out = layer._op(x, u, bias)  # autocast casts the bias
-        if layer._floor is not None:
-            out.clamp_min_(layer._floor)
-        ctx.save_for_backward(x, weight, scale, dscale, radial, inv_c1, u, out)
-        ctx.layer, ctx.on_output = layer, on_output
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        x, weight, scale, dscale, radial, inv_c1, u, out = ctx.saved_tensors
-        layer = ctx.layer
-        if layer._floor is not None:
-            g = torch.ops.aten.threshold_backward(g, out, layer._floor)
-        need_x = ctx.needs_input_grad[0]
-        if ctx.on_output:  # u = W * x
-            dims = (0, *range(2, g.ndim))
-            db, ds = g.sum(dims), (g * u).sum(dims)
-            gx, gw, _ = layer._op_backward(g * _channels(scale, g), x, weight, need_x, False)
-        else:  # u = W s
-            gx, gw, db = layer._op_backward(g, x, u, need_x, True)
-            ds = (gw * weight).sum(_rows(weight))
-            s = _filters(scale, weight)  # a bfloat16 G times s is float32 at once: no separate cast
-            gw = gw.mul_(s) if gw.dtype == weight.dtype else torch.mul(gw, s)
-        gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
-        dbeta = db.to(inv_c1.dtype) if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
-        return gx, gw, dscale * ds, dbeta, None, None, None, None, None, None
-
-
-def _autocast_dtype(x: Tensor) -> torch.dtype | None:
-    """The dtype autocast runs a convolution in on x's device, or None outside autocast."""
-    t = x.device.type
-    return torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
-
-
-def _out(like: Tensor, dtype: torch.dtype | None) -> Tensor | None:
-    """`out=` of `like`'s shape and layout in `dtype`; None (a new tensor, as usual) for None."""
-    return None if dtype is None else torch.empty_like(like, dtype=dtype)
-
-
-def _filters(v: Tensor, weight: Tensor) -> Tensor:
-    """A per-filter vector [O] shaped to broadcast over a weight [O, ...]."""
-    return v.view(-1, *(1,) * (weight.ndim - 1))
-
-
-def _channels(v: Tensor, y: Tensor) -> Tensor:
-    """A per-filter vector [O] shaped to broadcast over an output [N, O, ...]."""
-    return v.view(-1, *(1,) * (y.ndim - 2))
 
 
 def reference_forward(layer: NormPropLayer, x: Tensor) -> Tensor:

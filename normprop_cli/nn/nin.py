@@ -149,12 +149,29 @@ def values_per_channel(norm: str, batch_size: int, image_size: int = 32) -> int 
 
 
 class NIN(nn.Module):
-    """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32]."""
+    """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32].
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, config: NINConfig | None = None, **options) -> None:
-        """`config` (default NINConfig()) with `options` replacing its fields, e.g. NIN(norm="batchnorm")."""
+    NIN(10, 3, "normprop", 0.25) or NIN(norm="batchnorm", activation="tanh"): `norm`, `width`,
+    `activation` and any other NINConfig field given replace those of `config` (default NINConfig()).
+    Pooling is plain nn.MaxPool2d / nn.AvgPool2d, not re-normalised (section 3.2: neighbouring units
+    are highly correlated, so pooling barely moves their mean and std)."""
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        norm: str | NINConfig | None = None,
+        width: float | None = None,
+        activation: str | None = None,
+        *,
+        config: NINConfig | None = None,
+        **options,
+    ) -> None:
         super().__init__()
-        config = replace(config or NINConfig(), **options)
+        if isinstance(norm, NINConfig):  # NIN(10, 3, config): third was `config` before it was `norm`
+            config, norm = norm, None
+        given = {"norm": norm, "width": width, "activation": activation}
+        config = replace(config or NINConfig(), **{k: v for k, v in given.items() if v is not None}, **options)
         problem = config.problem()
         if problem:
             raise ValueError(problem)
@@ -194,9 +211,12 @@ class NIN(nn.Module):
         return [m for name, m in self.features.named_children() if name.startswith("conv")]
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (self._folded and self._folded[0]._folded_ok(x)):
+        if self._folded and self._folded[0]._folded_ok(x):
+            for layer, share in zip(self._folded, fold(self._folded), strict=True):  # eq. 11, all at once
+                layer._fold_next(share)
+        try:
             return self.features(x).flatten(1)
-        shares = dict(zip(self._folded, fold(self._folded), strict=True))  # eq. 11, all at once
-        for layer in self.features:
-            x = layer(x, shares[layer]) if layer in shares else layer(x)
-        return x.flatten(1)
+        except BaseException:
+            for layer in self._folded:  # no share outlives this call
+                layer.__dict__.pop("_share", None)
+            raise

@@ -201,6 +201,9 @@ def activation_stats(name: str, slope: Scalar = 0.25) -> ActivationStats:
         return prelu_stats(slope)
     if name not in ACTIVATIONS:
         known = ", ".join(sorted([*ACTIVATIONS, *PARAMETRIC]))
-        raise ValueError(f"unknown activation {name!r}; known: {known}")
+        raise ValueError(
+            f"unknown activation {name!r}; known: {known}; "
+            f"add your own with register_activation({name!r}, fn) (normprop.register_activation)"
+        )
     closed_form = ACTIVATIONS[name].closed_form
     return closed_form() if closed_form is not None else _numerical_stats(name)

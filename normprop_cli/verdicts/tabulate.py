@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normprop_cli import io
+from normprop_cli import hints, io
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
 from normprop_cli.verdicts.rule import (
     INCONCLUSIVE,
@@ -79,7 +79,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         return [head | {"dataset": "", "preset": preset, "verdict": NOT_YET_MEASURED, "note": note}]
     dirs = result_dirs(results, claim.experiment)
     if not dirs:
-        note = f"`normprop run {claim.experiment}` produces it"
+        note = f"`{hints.command('run', claim.experiment, preset=preset, results_dir=results)}` produces it"
         return [head | {"dataset": "", "preset": preset, "verdict": NOT_MEASURED, "note": note}]
     rows = []
     for sweep in dirs:
@@ -90,7 +90,8 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         try:
             m = MEASURES[claim.id](claim, sweep, prov)
         except NotMeasured as exc:
-            note = f"{exc}; `normprop run {claim.experiment}` with this version produces it"
+            command = hints.command("run", claim.experiment, preset=row["preset"], results_dir=results)
+            note = f"{exc}; `{command}` with this version produces it"
             rows.append(row | {"verdict": NOT_MEASURED, "note": note})
             continue
         notes = margin_note(claim, m) + list(m.notes)

@@ -188,6 +188,47 @@ def test_pickle_with_wrong_shapes(tmp_path, write_cifar10):
     assert_one_line_error(exc, "test_batch", "3072", tmp_path, "--download")
 
 
+class _Payload:
+    """Unpickled, it creates a file (the harmless stand-in for os.system): the trace of code run by a pickle."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_pickle_that_would_run_code_is_refused_as_corrupt(tmp_path, write_cifar10, protocol):
+    write_cifar10(tmp_path)
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(_Payload(live), protocol=protocol)).close()  # plain pickle runs it
+    assert live.exists()
+    marker = tmp_path / "ran"
+    with open(path, "wb") as f:
+        pickle.dump({b"data": _Payload(marker), b"labels": [0] * 5}, f, protocol=protocol)
+    with pytest.raises(DataError) as exc:
+        load_dataset("cifar10", data_dir=tmp_path)
+    assert not marker.exists()
+    assert_one_line_error(exc, "data_batch_3", "corrupt", "refused", "open", tmp_path, "--download")
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_the_restricted_unpickler_reads_every_protocol_and_numpy_1s_names(tmp_path, write_cifar10, protocol):
+    """Arrays as numpy 2 writes them under each protocol, and as numpy 1 named them (the original files)."""
+    written = write_cifar10(tmp_path)
+    path = tmp_path / "cifar-10-batches-py" / "test_batch"
+    x, y = written["test"]
+    data = pickle.dumps({b"data": x.reshape(len(x), -1), b"labels": [int(v) for v in y]}, protocol=protocol)
+    if protocol <= 2:  # GLOBAL opcodes name the module in text: name it as numpy 1's pickles did
+        data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+        assert b"numpy.core.multiarray" in data
+    path.write_bytes(data)
+    ds = load_dataset("cifar10", data_dir=tmp_path)
+    assert torch.equal(ds.test.x, torch.from_numpy(x)) and torch.equal(ds.test.y, torch.from_numpy(y))
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
 def test_corrupt_mat(tmp_path, write_svhn, damage):
     write_svhn(tmp_path)

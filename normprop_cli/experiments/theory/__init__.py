@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from normprop_cli import io
-from normprop_cli.experiments.results import read_csv
+from normprop_cli.experiments.results import command, read_csv
 from normprop_cli.experiments.theory.activations import activation_table
 from normprop_cli.experiments.theory.common import published
 from normprop_cli.experiments.theory.figures import FIGURES
@@ -74,7 +74,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """The constants, the Jacobian, Proposition 1 and propagation, beside the paper's claims."""
     out = out_dir(cfg)
     stats, jac, prop, propagation = (
-        read_csv(out / f"{name}.csv", "normprop run theory")
+        read_csv(out / f"{name}.csv", command(cfg))
         for name in ("activation_stats", "jacobian", "proposition1", "propagation")
     )
     relu = stats[(stats["quantity"] == "activation") & (stats["name"] == "relu")].set_index("statistic")
@@ -143,7 +143,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out = out_dir(cfg)
-    tables = {name: read_csv(out / f"{name}.csv", "normprop run theory") for name in CSVS}
+    tables = {name: read_csv(out / f"{name}.csv", command(cfg)) for name in CSVS}
     paths = []
     with plt.rc_context(
         {

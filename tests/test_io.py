@@ -1,0 +1,48 @@
+"""Result files get the mode a plain open() gives (0o666 less the umask), not mkstemp's private 0600."""
+
+import os
+import stat
+
+import pandas as pd
+import pytest
+
+from normprop_cli import io
+
+
+@pytest.fixture
+def umask():
+    """`umask(mask)`: set the process's umask for the test; the old one is put back after it."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield os.umask
+    os.umask(before)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask,expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_every_writer_gives_the_mode_a_plain_open_gives(tmp_path, umask, mask, expected):
+    umask(mask)
+    assert io.umask() == mask
+    with open(tmp_path / "plain.txt", "w"):
+        pass
+    assert mode(tmp_path / "plain.txt") == expected
+    written = [
+        io.write_text(tmp_path / "a.txt", "a\n"),
+        io.write_json(tmp_path / "a.json", {"a": 1}),
+        io.write_csv(tmp_path / "a.csv", pd.DataFrame({"a": [1]})),
+        io.save_torch(tmp_path / "checkpoint.pt", {"a": 1}),
+        io.save_torch(tmp_path / "checkpoint.pt", {"a": 2}, keep=tmp_path / "checkpoint.prev.pt"),
+    ]
+    assert {path.name: mode(path) for path in [*written, tmp_path / "checkpoint.prev.pt"]} == dict.fromkeys(
+        ["a.txt", "a.json", "a.csv", "checkpoint.pt", "checkpoint.prev.pt"], expected
+    )
+    assert os.umask(mask) == mask  # reading it left it as it was
+
+
+def test_the_umask_is_read_where_proc_does_not_show_it(umask, monkeypatch, tmp_path):
+    umask(0o027)
+    monkeypatch.setattr(io, "Path", lambda _: tmp_path / "no-proc-status")
+    assert io.umask() == 0o027 and os.umask(0o027) == 0o027

@@ -289,7 +289,8 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         after = "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in normprop.items())
         epoch = next(iter(normprop.values()))["epoch"]
         text = (
-            "At initialisation, over the test set and in the standard units of each activation ((x - c2) / c1), "
+            f"At initialisation, over {results.probe_set(cfg)} and in the standard units of each activation "
+            "((x - c2) / c1), "
             f"the input of NormProp's layer 2 (its first layer's output) has an average std of {first}; eq. 12 with "
             f"each activation's own constants and Jacobian factor (jacobian={jacobian}) predicts {predicted} for "
             "N(0, 1) pre-activations, which Prop. 1 gives on white, normalised input. Over layers 2-9 the average "

@@ -13,7 +13,8 @@ curves.csv   setting, method, batch_size, initial_lr, label, epoch, updates, n, 
              ci_high, diverged: test accuracy (%) over seeds with its 95% interval (results.proportion_ci)
 summary.csv  one row per run: engine columns + batch_size, initial_lr, data_norm, label, updates,
              final_test_acc, best_test_acc
-batch_size.png/.pdf  test accuracy vs epoch (the paper) and vs SGD updates, per batch size
+batch_size.png/.pdf  test accuracy vs epoch (the paper) and vs SGD updates, per batch size: mean over seeds, 95%
+                     interval; chance and a note where a setting did not learn
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.trainer import epoch_steps
 from normprop_cli.experiments import results
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
@@ -78,7 +80,10 @@ def updates_per_epoch(manifest: dict | None, cfg: DictConfig) -> int:
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 4: one curve per batch size (NormProp solid; BN at batch 1 dashed, grey), against epochs
-    (the paper's axis) and against SGD updates (a batch of 1 takes 50 times the steps of a batch of 50)."""
+    (the paper's axis) and against SGD updates (a batch of 1 takes 50 times the steps of a batch of 50);
+    the seeds behind each mean and the interval's meaning in the title. Chance is a labelled line where
+    a setting did not learn or chance lies in view, and each setting that did not learn is named in a
+    note below the figure (not_learned_notes)."""
     plt = results.pyplot()
     curve = results.read_curves(cfg, KEYS, carry=["updates"])
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
@@ -93,15 +98,66 @@ def plot(cfg: DictConfig) -> list[Path]:
         results.plot_curve(axes[0], c, text, dodge=dodge, **style)
         if "updates" in c:
             results.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
-    results.accuracy_axes(axes[0], cfg, "Fig. 4: batch size, NormProp (global data norm), 95% CI")
-    axes[0].title.set_fontsize(9)
+    notes = not_learned_notes(cfg)
+    chance = results.chance(cfg)
+    if notes or axes[0].get_ylim()[0] <= chance:
+        for ax in axes:
+            ax.axhline(chance, color="k", linewidth=0.8, linestyle=":", label=f"chance ({chance:g}%)")
+    results.accuracy_axes(axes[0], cfg, "")
+    axes[0].set_title("against epochs (the paper's axis)", fontsize=10)  # the data set and preset: in the suptitle
+    fig.suptitle(
+        results.title(cfg, "Fig. 4: test accuracy by batch size, NormProp (global data norm)")
+        + f"\neach point: mean of {seed_count(curve)}; error bars: 95% interval of the mean",
+        fontsize=10,
+    )
     axes[1].set_ylim(axes[0].get_ylim())  # accuracy in [0, 100], as on the left
     axes[1].set_xscale("log")
     axes[1].set_xlabel("SGD updates (log scale)")
     axes[1].set_ylabel("test accuracy (%)")
     axes[1].set_title("the same runs against the number of SGD updates", fontsize=10)
-    fig.subplots_adjust(bottom=0.3, wspace=0.25)
+    fig.subplots_adjust(top=0.84, bottom=0.3, wspace=0.25)
+    if notes:
+        fig.canvas.draw()  # where the legend below the left panel ends: the note goes under it
+        below = axes[0].get_legend().get_window_extent().transformed(fig.transFigure.inverted()).y0
+        fig.text(0.02, below - 0.02, "\n".join(notes), ha="left", va="top", fontsize=7.5, wrap=True)
     return results.save(fig, cfg, "batch_size")
+
+
+def seed_count(curve) -> str:
+    """'8 seeds', '1 seed' or '4-8 seeds (n per setting in curves.csv)': the seeds behind each setting's
+    last point (curves.csv's n, the diverged runs left out)."""
+    n = results.last_epoch(curve, KEYS)["n"].astype(int) if len(curve) else [0]
+    lo, hi = min(n), max(n)
+    return f"{lo} seed{'s' * (lo != 1)}" if lo == hi else f"{lo}-{hi} seeds (n per setting in curves.csv)"
+
+
+def not_learned_notes(cfg: DictConfig) -> list[str]:
+    """One sentence per setting whose every kept run did not learn (summary.csv's `learned`: a final test
+    accuracy, scored in evaluation mode, at or below chance + results.LEARNED_MARGIN), with its training
+    accuracy (epochs.csv's train_acc in the last epoch, in training mode): e.g. BatchNorm at batch 1 learns
+    in training mode (each image normalised by its own statistics) and fails in evaluation mode."""
+    summary = results.kept(results.read(cfg, "summary"))
+    epochs = results.read(cfg, "epochs") if (sweep_dir(cfg) / "epochs.csv").exists() else None
+    bar, chance = results.chance(cfg) + results.LEARNED_MARGIN, results.chance(cfg)
+    notes = []
+    for _, g in summary.groupby("setting", sort=False):
+        if not len(g) or not learned_flags(g).eq(False).all():
+            continue
+        test = f"final test accuracy {g['final_test_acc'].mean():.1f}%, chance {chance:g}%"
+        text = f"{g['label'].iloc[0]}: did not learn in evaluation mode ({test})"
+        if epochs is not None and "train_acc" in epochs:
+            last = epochs[epochs["run"].isin(g["run"])].sort_values("epoch").groupby("run").tail(1)
+            train = last["train_acc"].mean()
+            own = ", each image normalised by its own statistics" if int(g["batch_size"].iloc[0]) == 1 else ""
+            if train > bar:
+                text += (
+                    f"; it learns in training mode (training accuracy {train:.1f}% in its last epoch{own}) "
+                    "and fails in evaluation mode (running estimates), the mode of every test accuracy here"
+                )
+            else:
+                text += f"; nor in training mode (training accuracy {train:.1f}% in its last epoch{own})"
+        notes.append(text)
+    return notes
 
 
 def headlines(cfg: DictConfig) -> list[dict]:

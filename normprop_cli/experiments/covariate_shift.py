@@ -17,7 +17,7 @@ settling.csv     per run, layer and draw: band, final_epoch, final_mean, settled
 summary.csv      one row per run: engine columns + initial_lr, band, probe_draws, avg_abs_final_mean
                  (mean over draws), avg_abs_final_mean_sd (sd over draws), final_population_abs_mean,
                  final_population_drift (final epoch, mean over layers 2..9), last_settled_after_epoch
-covariate_shift.png/.pdf  the probed units' means vs epoch, one panel per layer (Fig. 2)
+covariate_shift.png/.pdf  the probed units' means vs epoch, one panel per layer (Fig. 2), the target mean 0 dotted
 population.png/.pdf       the population's average |mean| and drift vs epoch, one panel per layer
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from omegaconf import DictConfig
 
@@ -41,6 +42,9 @@ RUN = ["run", "setting", "method", "seed"]
 SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
 PROBES = [*RUN, "initial_lr", "draw", "final_epoch", "layers", "avg_abs_final_mean"]
 NOT_IN_PAPER = "not in the paper"
+REFERENCE = {"color": "k", "linewidth": 0.8, "linestyle": (0, (1, 2))}  # a reference line: thin, black, dotted
+TARGET = "reference: mean 0, the N(0, 1) target"
+RIGHT = "no normalisation (grey):"  # the start of a right axis' label
 
 
 def settling(stats: pd.DataFrame, band: float) -> pd.DataFrame:
@@ -138,35 +142,39 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 def plot_units(cfg: DictConfig) -> list[Path]:
     """Fig. 2: one panel per hidden layer 2..9; per method, every probed unit of the first seed as a
-    thin line and their mean in bold. The unnormalised net, "incomparable due to extreme
-    variations", has its own axis on the right."""
+    thin solid line (dashed would read as a reference) and their mean in bold; the target mean 0 a
+    labelled reference line. The unnormalised net, "incomparable due to extreme variations", has its
+    own, labelled axis on the right."""
     plt = results.pyplot()
     stats = results.read(cfg, "unit_stats")
     first_seed = stats["seed"].min()
     stats = stats[stats["seed"] == first_seed]
     layers = sorted(stats["layer"].unique())
     fig, axes = plt.subplots(2, (len(layers) + 1) // 2, figsize=(13, 5.8), sharex=True, squeeze=False)
+    draws = stats["draw"].nunique()
     handles, twins = {}, {}
     for ax, layer in zip(axes.flat, layers, strict=False):
-        ax.axhline(0.0, color="0.6", linewidth=0.6, linestyle=":")
+        ax.axhline(0.0, **REFERENCE)
         for method, g in _by_method(stats[stats["layer"] == layer]):
             target, style = _axis(ax, method, twins), _style(method)
             for _, d in g.groupby("draw"):
-                target.plot(d["epoch"], d["mean"], linewidth=0.5, alpha=0.35, **style)
+                target.plot(d["epoch"], d["mean"], linewidth=0.5, alpha=0.45, **(style | {"linestyle": "-"}))
             mean = g.groupby("epoch")["mean"].mean()
             (line,) = target.plot(mean.index, mean.to_numpy(), marker="o", markersize=2, linewidth=1.8, **style)
-            handles.setdefault(_label(method, g), line)
+            handles.setdefault(f"{_label(method, g)}: mean of the {draws} units (bold)", line)
         ax.set_title(f"layer {layer}", fontsize=8)
-    draws = stats["draw"].nunique()
-    _finish(fig, axes, twins, handles)
-    fig.supylabel("mean of the input (standard units)", x=0.005, fontsize=9)
+    handles["one probed unit (thin, solid; its method's colour and axis)"] = Line2D([], [], color="0.3", linewidth=0.5)
+    handles[TARGET] = Line2D([], [], **REFERENCE)
+    _finish(fig, axes, twins, handles, ncol=3)
+    _label_right(axes, twins, f"{RIGHT}\nmean (standard units)")
+    fig.supylabel("NormProp, BatchNorm: mean of the input (standard units)", x=0.005, fontsize=9)
     fig.subplots_adjust(left=0.065)
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     fig.suptitle(
         results.title(
             cfg,
-            f"Fig. 2: mean over the test set of {draws} probed units' inputs per layer "
+            f"Fig. 2: mean over {results.probe_set(cfg)} of {draws} probed units' inputs per layer "
             f"(thin: each unit, bold: their mean), seed {first_seed}",
         ),
         fontsize=10,
@@ -177,11 +185,12 @@ def plot_units(cfg: DictConfig) -> list[Path]:
 def plot_population(cfg: DictConfig) -> list[Path]:
     """The population metric: per layer 2..9, over all input-dependent units, the average |mean| (top) and the
     average drift from initialisation in initial stds (bottom) vs epoch, mean over seeds. The drift
-    has no scale, so every method shares its axis; the unnormalised net's |mean| has its own."""
+    has no scale, so every method shares its axis; the unnormalised net's |mean| has its own, labelled
+    axis on the right."""
     plt = results.pyplot()
     population = results.read(cfg, "population")
     layers = sorted(population["layer"].unique())
-    fig, axes = plt.subplots(2, len(layers), figsize=(2.1 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(2, len(layers), figsize=(2.4 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
     handles, twins = {}, {}
     for col, layer in enumerate(layers):
         for method, g in _by_method(population[population["layer"] == layer]):
@@ -193,9 +202,10 @@ def plot_population(cfg: DictConfig) -> list[Path]:
                 results.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
             )
         axes[0, col].set_title(f"layer {layer}", fontsize=8)
-    axes[0, 0].set_ylabel("average |mean|")
-    axes[1, 0].set_ylabel("average drift (initial stds)")
-    _finish(fig, axes, twins, handles)
+    axes[0, 0].set_ylabel("NormProp, BatchNorm:\naverage |mean| (standard units)")
+    axes[1, 0].set_ylabel("average drift from epoch 0\n(initial stds)")
+    _finish(fig, axes, twins, handles, wspace=0.8)  # room between the panels for the right axes' ticks
+    _label_right(axes, twins, f"{RIGHT}\naverage |mean| (standard units)")
     seeds = population["seed"].nunique()
     fig.suptitle(
         results.title(cfg, f"Population metric: all input-dependent units per layer, mean over {seeds} seed(s)"),
@@ -226,8 +236,17 @@ def _axis(ax, method: str, twins: dict):
     return twins[ax]
 
 
-def _finish(fig, axes, twins: dict, handles: dict) -> None:
-    """Integer epochs, readable y ranges, the x labels and one legend below the panels."""
+def _label_right(axes, twins: dict, text: str) -> None:
+    """The right axis of each row's last panel that has one names what it shows (once per row, like the left)."""
+    for row in axes:
+        right = [twins[ax] for ax in row if ax in twins]
+        if right:
+            right[-1].set_ylabel(text, color=results.METHOD_COLORS["none"], fontsize=8)
+
+
+def _finish(fig, axes, twins: dict, handles: dict, ncol: int | None = None, wspace: float = 0.45) -> None:
+    """Integer epochs, readable y ranges, the x labels and one legend below the panels (`ncol` columns,
+    default one row); `wspace` between the panels."""
     for ax in axes.flat:
         ax.tick_params(labelsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -237,8 +256,9 @@ def _finish(fig, axes, twins: dict, handles: dict) -> None:
         _readable(right)
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
-    fig.subplots_adjust(left=0.05, right=0.95, bottom=0.15, top=0.88, wspace=0.45, hspace=0.3)
+    ncol = ncol or len(handles)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, frameon=False, fontsize=8)
+    fig.subplots_adjust(left=0.05, right=0.95, bottom=0.15, top=0.88, wspace=wspace, hspace=0.3)
 
 
 def _readable(ax) -> None:

@@ -352,5 +352,11 @@ def diverged_runs(cfg: DictConfig) -> list[dict]:
              "reproduced": f"{len(gone)} of {len(summary)}: {', '.join(gone['run'])}", "paper": ""}]  # fmt: skip
 
 
+def probe_set(cfg: DictConfig) -> str:
+    """What the probes measured: 'the test set', or 'the first 2,000 test images' (train.probe_images)."""
+    n = cfg.train.get("probe_images")
+    return f"the first {int(n):,} test images" if n else "the test set"
+
+
 def title(cfg: DictConfig, what: str) -> str:
     return f"{what}, {cfg.dataset.name} ({cfg.preset.name} preset)"

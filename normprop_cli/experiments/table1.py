@@ -2,7 +2,8 @@
 paper's horizontal flips on CIFAR, small translations on digits (not mirror-symmetric), none on SVHN.
 
 summary.csv  one row per run: engine columns + augment, paper_test_error (the paper's, in %)
-table1.png/.pdf  reproduced test error per method and augmentation (each seed a dot) beside the paper's
+table1.png/.pdf  final test error per method and augmentation: mean over seeds (bar) with its 95% interval
+                 (whisker), each seed a dot, beside the paper's
 """
 
 from __future__ import annotations
@@ -58,26 +59,58 @@ def complete(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "complete"] if "status" in runs else runs
 
 
+def augmentation_label(augmentation: str, cfg: DictConfig) -> str:
+    """'no augmentation', 'random horizontal flips' or 'random shifts (up to 3 px)': a run's training-set
+    augmentation, for the figure's x axis."""
+    if augmentation == "translate":
+        pixels = cfg.dataset.get("translate_pixels")
+        return f"random shifts (up to {pixels} px)" if pixels else "random shifts"
+    return {"none": "no augmentation", "flip": "random horizontal flips"}.get(augmentation, augmentation)
+
+
 def plot(cfg: DictConfig) -> list[Path]:
-    """Reproduced test error (mean over the complete runs, each seed a dot) beside the paper's."""
+    """Per method and augmentation: a bar at this reproduction's mean final test error over the complete
+    runs with its 95% interval (results.proportion_ci, as in the report) as a whisker, each seed a dot;
+    the paper's Table 1 beside it (grey, hatched) where it has the data set. Each tick names the method,
+    the augmentation and the seeds (n) behind the bar."""
     plt = results.pyplot()
     summary = results.read(cfg, "summary")
     groups = list(summary.groupby(["method", "augment"], sort=False))
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups), 3.4))
-    labelled = set()
-    for i, ((method, _augment), g) in enumerate(groups):
-        mean = complete(g)["final_test_error"].mean()
-        ax.bar(i - 0.18, mean, width=0.36, color=results.METHOD_COLORS.get(method, "C2"))
-        seed_label = None if "seed" in labelled else "reproduced, one seed"
-        ax.scatter([i - 0.18] * len(g), g["final_test_error"], color="k", s=10, zorder=3, label=seed_label)
-        labelled.add("seed")
+    papers = summary["paper_test_error"].notna().any()
+    x, width = (-0.18, 0.36) if papers else (0.0, 0.5)  # no paper bars: the reproduction's bar in the middle
+    fig, ax = plt.subplots(figsize=(2.0 + 1.6 * len(groups), 4.0))
+    seeds, ticks, legend = {}, [], {}
+    for i, ((method, augmentation), g) in enumerate(groups):
+        done = complete(g)["final_test_error"]
+        e = results.proportion_ci(done)
+        seeds.setdefault(method, set()).add(e["n"])
+        whisker = {"yerr": [[e["mean"] - e["ci_low"]], [e["ci_high"] - e["mean"]]], "capsize": 4} if e["n"] > 1 else {}
+        bar = ax.bar(i + x, e["mean"], width=width, color=results.METHOD_COLORS.get(method, "C2"), **whisker)
+        legend.setdefault(method, bar)
+        left = i + x - width / 4  # the dots left of the whisker
+        legend["seed"] = ax.scatter([left] * len(done), done, color="k", s=10, zorder=3)
         paper = g["paper_test_error"].dropna()
         if len(paper):
-            paper_label = None if "paper" in labelled else "paper"
-            ax.bar(i + 0.18, paper.iloc[0], width=0.36, color="0.75", hatch="//", label=paper_label)
-            labelled.add("paper")
-    ax.set_xticks(range(len(groups)), [f"{m}\n{a}" for (m, a), _ in groups])
-    ax.set_ylabel("test error (%)")
-    ax.set_title(results.title(cfg, "Table 1"))
-    ax.legend(frameon=False)
+            legend["paper"] = ax.bar(i + 0.18, paper.iloc[0], width=0.36, color="0.75", hatch="//")
+        gone = len(g) - len(done)
+        left_out = f"\n({gone} diverged, left out)" if gone else ""
+        ticks.append(f"{results.method_label(method)}\n{augmentation_label(augmentation, cfg)}\nn = {e['n']}{left_out}")
+    order = [*sorted(seeds, key=results.method_rank), "seed", "paper"]  # the methods' bars, then the dots, the paper
+    ax.set_xticks(range(len(groups)), ticks, fontsize=8)
+    ax.set_xlabel("method, training-set augmentation, seeds (n)")
+    ax.set_ylabel("final test error (%)")
+    interval = "; whisker: 95% interval of the mean" if max(map(max, seeds.values()), default=0) > 1 else ""
+    ax.set_title(results.title(cfg, "Table 1: final test error") + f"\nbar: mean over seeds{interval}; dot: one seed",
+                 fontsize=10)  # fmt: skip
+    labels = {m: f"{results.method_label(m)}: this reproduction, mean of {_count(n)}" for m, n in seeds.items()}
+    labels |= {"seed": "this reproduction, one seed", "paper": "paper (Table 1, same data set)"}
+    shown = [k for k in order if k in legend]
+    ax.legend([legend[k] for k in shown], [labels[k] for k in shown], frameon=False, fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))  # fmt: skip
     return results.save(fig, cfg, "table1")
+
+
+def _count(seeds: set[int]) -> str:
+    """'4 seeds', '1 seed' or '3-5 seeds': the seed counts of a method's bars."""
+    lo, hi = min(seeds), max(seeds)
+    return f"{lo} seed{'s' * (hi != 1)}" if lo == hi else f"{lo}-{hi} seeds"

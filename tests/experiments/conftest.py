@@ -32,3 +32,30 @@ def assert_redraws(cli):
         assert (sweep / f"{stem}.png").exists() and (sweep / f"{stem}.pdf").exists()
 
     return check
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures an experiment's plot draws, by name (e.g. "table1"): results.save records each figure
+    before saving it, so that a test reads its axes, labels and legends."""
+    from normprop_cli.experiments import results
+
+    figures, save = {}, results.save
+
+    def record(fig, cfg, name):
+        figures[name] = fig
+        return save(fig, cfg, name)
+
+    monkeypatch.setattr(results, "save", record)
+    return figures
+
+
+@pytest.fixture
+def legend_texts():
+    """Every legend entry of a figure, its axes' legends and its own, as a function of the figure."""
+
+    def texts(fig) -> list[str]:
+        legends = [ax.get_legend() for ax in fig.axes] + list(fig.legends)
+        return [t.get_text() for legend in legends if legend is not None for t in legend.get_texts()]
+
+    return texts

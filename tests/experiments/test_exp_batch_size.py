@@ -1,10 +1,14 @@
 """Fig. 4 (section 5.4): NormProp at batch sizes down to 1 (global data norm); BN at 1, labelled."""
 
+import shutil
+
 import pandas as pd
 import pytest
+from omegaconf import DictConfig
 
 from normprop_cli import config
 from normprop_cli.experiments import batch_size
+from normprop_cli.experiments import results as results_kit
 from normprop_cli.experiments.lr_sweep import SWEEP
 
 # 2 seeds for an interval; 24 images keep the batch-1 runs (one step per image) to seconds.
@@ -98,3 +102,51 @@ def test_headlines_give_the_final_accuracy_of_each_batch_size(results):
     rows = batch_size.headlines(cfg)
     finals = [r for r in rows if r["quantity"].startswith("final test accuracy")]
     assert len(finals) == 3 and any("batch 1," in r["quantity"] for r in finals)
+
+
+def with_flags(results, tmp_path, train_acc: float) -> DictConfig:
+    """A copy of the sweep where BatchNorm at batch 1 did not learn (summary.csv's `learned`) and every
+    other setting did, with BN's last-epoch training accuracy (training mode) set to `train_acc`."""
+    copy = tmp_path / "results"
+    shutil.copytree(results, copy)
+    sweep = copy / "batch-size" / "synthetic"
+    summary = pd.read_csv(sweep / "summary.csv")
+    summary.assign(learned=summary["method"] != "batchnorm").to_csv(sweep / "summary.csv", index=False)
+    epochs = pd.read_csv(sweep / "epochs.csv")
+    epochs.loc[epochs["method"] == "batchnorm", "train_acc"] = train_acc
+    epochs.to_csv(sweep / "epochs.csv", index=False)
+    return config.load("batch-size", preset="smoke", results_dir=str(copy))
+
+
+def notes(fig) -> list[str]:
+    """The figure's texts but its title: the notes below the panels."""
+    return [t.get_text() for t in fig.texts if t.get_text() != fig.get_suptitle()]
+
+
+def test_figure_names_its_seeds_and_interval(results, drawn):
+    batch_size.plot(config.load("batch-size", preset="smoke", results_dir=str(results)))
+    fig = drawn["batch_size"]
+    assert "mean of 2 seeds" in fig.get_suptitle() and "95% interval of the mean" in fig.get_suptitle()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["test accuracy (%)"] * 2
+    assert fig.axes[0].get_xlabel() == "epoch" and "SGD updates" in fig.axes[1].get_xlabel()
+
+
+def test_a_setting_at_chance_gets_a_chance_line_and_a_note_on_its_modes(results, tmp_path, drawn, legend_texts):
+    cfg = with_flags(results, tmp_path, train_acc=97.0)
+    batch_size.plot(cfg)
+    fig = drawn["batch_size"]
+    assert f"chance ({results_kit.chance(cfg):g}%)" in legend_texts(fig)
+    (note,) = notes(fig)
+    assert note.startswith("BatchNorm, batch 1") and "did not learn in evaluation mode" in note
+    assert "learns in training mode (training accuracy 97.0%" in note and "fails in evaluation mode" in note
+    (note,) = batch_size.not_learned_notes(with_flags(results, tmp_path / "low", train_acc=9.0))
+    assert "nor in training mode (training accuracy 9.0%" in note and "learns in" not in note
+
+
+def test_no_note_where_every_setting_learned(results, tmp_path, drawn):
+    cfg = with_flags(results, tmp_path, train_acc=97.0)
+    sweep = tmp_path / "results" / "batch-size" / "synthetic"
+    pd.read_csv(sweep / "summary.csv").assign(learned=True).to_csv(sweep / "summary.csv", index=False)
+    assert batch_size.not_learned_notes(cfg) == []
+    batch_size.plot(cfg)
+    assert notes(drawn["batch_size"]) == []

@@ -154,3 +154,23 @@ def test_runs_of_an_older_probe_are_refused_not_mixed_in(cli, results, tmp_path)
     pd.read_csv(old).drop(columns="draw").to_csv(old, index=False)
     result = cli("run", "covariate-shift", "--preset", "smoke", "--quiet", "--results-dir", copy)
     assert result.exit_code == 2 and "none-s0" in result.output and "older version" in result.output
+
+
+def right_labels(fig) -> list[str]:
+    """The y labels of the figure's right axes (the unnormalised net's twins)."""
+    return [ax.get_ylabel() for ax in fig.axes if ax.yaxis.get_label_position() == "right" and ax.get_ylabel()]
+
+
+def test_figures_label_the_right_axes_and_the_reference_line(results, drawn, legend_texts):
+    covariate_shift.plot(config.load("covariate-shift", preset="smoke", results_dir=str(results)))
+    units, population = drawn["covariate_shift"], drawn["population"]
+    # one label per row of panels, on its last right axis: what the unnormalised net's axis shows
+    assert right_labels(units) == [f"{covariate_shift.RIGHT}\nmean (standard units)"] * 2
+    assert right_labels(population) == [f"{covariate_shift.RIGHT}\naverage |mean| (standard units)"]
+    # the target mean 0 is a thin black dotted line in every panel, named in the legend; the thin lines too
+    texts = legend_texts(units)
+    assert covariate_shift.TARGET in texts and any(t.startswith("one probed unit (thin") for t in texts)
+    for ax in [a for a in units.axes if a.get_title().startswith("layer")]:
+        zero = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.0, 0.0]]
+        assert len(zero) == 1 and zero[0].get_color() == "k" and zero[0].get_linewidth() < 1.0
+    assert "(standard units)" in population.axes[0].get_ylabel() and "(initial stds)" in population.axes[8].get_ylabel()

@@ -37,3 +37,33 @@ def test_headlines_put_the_papers_error_beside_labelled_as_not_comparable(result
     summary.assign(paper_test_error=published).to_csv(tmp_path / "table1" / "digits" / "summary.csv", index=False)
     rows = table1.headlines(config.load("table1", preset="smoke", dataset="digits", results_dir=str(tmp_path)))
     assert rows[0]["paper"] == f"{published} (cifar10; not comparable with digits)"
+
+
+def test_figure_names_the_augmentation_the_seeds_and_what_a_bar_is(results, drawn, legend_texts):
+    table1.plot(config.load("table1", preset="smoke", results_dir=str(results)))
+    ax = drawn["table1"].axes[0]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert (
+        sum("no augmentation" in t for t in ticks) == 2 and sum("random shifts (up to 3 px)" in t for t in ticks) == 2
+    )
+    assert all("n = 1" in t for t in ticks) and "augmentation" in ax.get_xlabel() and "%" in ax.get_ylabel()
+    assert "bar: mean over seeds" in ax.get_title() and "interval" not in ax.get_title()  # 1 seed: no interval
+    assert "NormProp: this reproduction, mean of 1 seed" in legend_texts(drawn["table1"])
+    assert "this reproduction, one seed" in legend_texts(drawn["table1"])
+
+
+def test_figure_with_seeds_shows_their_interval_and_the_paper_beside(results, tmp_path, drawn, legend_texts):
+    from matplotlib.container import ErrorbarContainer
+
+    summary = pd.read_csv(results / "table1" / "synthetic" / "summary.csv")
+    seeds = pd.concat([summary.assign(seed=s, final_test_error=summary["final_test_error"] + s) for s in range(3)])
+    (tmp_path / "table1" / "synthetic").mkdir(parents=True)
+    seeds.assign(paper_test_error=9.11).to_csv(tmp_path / "table1" / "synthetic" / "summary.csv", index=False)
+    table1.plot(config.load("table1", preset="smoke", results_dir=str(tmp_path)))
+    ax = drawn["table1"].axes[0]
+    assert "whisker: 95% interval of the mean" in ax.get_title()
+    assert sum(isinstance(c, ErrorbarContainer) for c in ax.containers) == 4  # one whisker per bar
+    assert {"BatchNorm: this reproduction, mean of 3 seeds", "paper (Table 1, same data set)"} <= set(
+        legend_texts(drawn["table1"])
+    )
+    assert all("n = 3" in t.get_text() for t in ax.get_xticklabels())

@@ -235,39 +235,28 @@ def extends(spec: RunSpec, path: Path, manifest: dict | None) -> bool:
     return more and config_differences(spec, path) == [EXTENDABLE]
 
 
-def check_same_config(spec: RunSpec, path: Path) -> None:
-    """A run directory belongs to one config; a different one must not silently mix with it. The one
-    exception is more epochs (EXTENDABLE): the run goes on, and its config.yaml says so."""
+def check_same_config(spec: RunSpec, path: Path, write: bool = True) -> None:
+    """A run directory belongs to one config; a different one must not silently mix with it, whether
+    the run is unfinished (it would resume) or finished (it would be skipped and answer with its old
+    numbers): refused with the keys that differ. The paper's text (PROSE) aside, the one change allowed
+    is more epochs (EXTENDABLE): an unfinished or complete run goes on, and, with `write`, its
+    config.yaml says so; a diverged one stays as it is."""
     differ = config_differences(spec, path)
+    if not differ:
+        return
+    manifest = read_manifest(path) or {}
+    status = manifest.get("status")
     if differ == [EXTENDABLE]:
-        manifest = read_manifest(path) or {}
-        if int(spec.cfg.train.epochs) >= int(manifest.get("epochs_done") or 0):
-            io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
+        floor = manifest.get("epochs") if status == "diverged" else manifest.get("epochs_done")
+        if int(spec.cfg.train.epochs) >= int(floor or 0):
+            if write and status != "diverged":
+                io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
             return
-    if differ:
-        raise UserError(
-            f"{path} holds run {spec.name} with another config ({', '.join(differ[:4])} "
-            "differ); pass another --results-dir or delete that run directory"
-        )
-
-
-def check_finished_config(spec: RunSpec) -> None:
-    """A finished run is skipped only under the config it was trained with (the report's text aside):
-    a changed setting is refused with the keys that differ, before anything trains, never silently
-    answered with the old run's numbers. More epochs (EXTENDABLE) continue a complete run, and leave a
-    diverged one as it is."""
-    path = run_dir(spec.cfg, spec.name)
-    manifest = read_manifest(path)
-    if not manifest or manifest.get("status") not in FINISHED:
-        return
-    differ = config_differences(spec, path)
-    more = int(spec.cfg.train.epochs) >= int(manifest.get("epochs") or manifest.get("epochs_done") or 0)
-    if not differ or (differ == [EXTENDABLE] and more):
-        return
-    fewer = " (a finished run's epochs can only grow)" if differ == [EXTENDABLE] else ""
+    finished = status in FINISHED
+    fewer = " (a finished run's epochs can only grow)" if finished and differ == [EXTENDABLE] else ""
     raise UserError(
-        f"{path} holds finished run {spec.name} with another config ({', '.join(differ[:4])} "
-        f"differ{fewer}); pass another --results-dir or delete that run directory"
+        f"{path} holds {'finished run' if finished else 'run'} {spec.name} with another config "
+        f"({', '.join(differ[:4])} differ{fewer}); pass another --results-dir or delete that run directory"
     )
 
 

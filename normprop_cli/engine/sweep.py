@@ -15,7 +15,7 @@ from normprop_cli import config
 from normprop_cli import device as devices
 from normprop_cli.engine.job import check_data, check_ready, finished, load_data, train_one, validate
 from normprop_cli.engine.progress import QuietProgress, make_progress
-from normprop_cli.engine.runs import RunSpec, check_finished_config, read_manifest, run_dir, say
+from normprop_cli.engine.runs import RunSpec, check_same_config, read_manifest, run_dir, say
 from normprop_cli.engine.trainer import Observer
 from normprop_cli.errors import UserError
 
@@ -25,8 +25,8 @@ def run_sweep(
 ) -> list[dict]:
     """Train every run of the grid; return their manifests.
 
-    Complete and diverged runs are skipped (under their own config: another one is refused);
-    unfinished ones resume from their checkpoint.
+    Complete and diverged runs are skipped, unfinished ones resume from their checkpoint, each under
+    its own config (another one is refused before anything trains).
     Ctrl-C keeps every finished epoch and says how to resume. `jobs` > 1 trains the runs in
     that many worker processes; `launcher: local` runs them as submitit jobs and waits for them;
     `launcher: slurm` submits them as a SLURM job array and exits (engine.launch).
@@ -37,7 +37,8 @@ def run_sweep(
     config.check_choice("launcher", launcher)  # conf/launcher/ is the registry
     for spec in specs:
         validate(spec)
-        check_finished_config(spec)  # a changed setting is refused, not answered with an old run
+        # before anything trains: a changed setting is refused, never answered with an old run's numbers
+        check_same_config(spec, run_dir(spec.cfg, spec.name), write=False)
     # The jobs of a SLURM array pick their device on their node; a login node may have no GPU.
     device = devices.resolve(cfg.device) if launcher != "slurm" else None
     todo = [s for s in specs if not finished(s)]

@@ -327,7 +327,6 @@ def experiments(tree: Path, root: Path, preset: str = "") -> list[str]:
     names = [e for e in RUNNERS if e in preset_experiments(preset)]
     missing = [e for e in names if not result_dirs(tree, e)]
     lines = [f"Missing experiments: {', '.join(missing)}.", ""] if missing else []
-    preset = preset or (verdicts.tabulate.tree_preset(tree) if missing else "")  # for the hints
     for experiment in names:
         lines += section(experiment, tree, root, preset)
     return lines
@@ -348,7 +347,7 @@ def write_report(results: Path) -> Path:
         *[line for note in left_out for line in (note, "")],
     ]
     lines += verdicts_section(ordered(trees, results), results)
-    lines += plateau_section(results) + experiments(results, results)
+    lines += plateau_section(results) + experiments(results, results, trees[0].preset)
     for tree in trees[1:]:
         lines += [f"# {tree.preset or tree.path.name} preset (`{tree.path.relative_to(results).as_posix()}/`)", ""]
         lines += plateau_section(tree.path) + experiments(tree.path, results, tree.preset)

@@ -133,12 +133,14 @@ def run(
     typer.echo(f"wrote {out}")
     for figure in figures(out, start):
         typer.echo(f"wrote {figure}")
-    results = Path(cfg.results_dir)
-    if (results.parent / "REPORT.md").exists():  # e.g. results/cpu: the report above it covers it too
-        results, command = results.parent, hints.command("report", results_dir=results.parent)
-    else:
-        command = hints.of(cfg, "report", dataset=False)
-    typer.echo(f"next: `{command}` puts them in {results / 'REPORT.md'}")
+    above = enclosing(Path(cfg.results_dir))
+    command = hints.command("report", results_dir=above) if above else hints.of(cfg, "report", dataset=False)
+    typer.echo(f"next: `{command}` puts them in {(above or Path(cfg.results_dir)) / 'REPORT.md'}")
+
+
+def enclosing(results: Path) -> Path | None:
+    """The results directory above `results` whose REPORT.md covers it too (results/ for results/cpu)."""
+    return results.parent if (results.parent / "REPORT.md").exists() else None
 
 
 def figures(out: Path, since: float) -> list[Path]:
@@ -253,8 +255,8 @@ def reproduce_all(
         typer.echo(f"wrote {runner(experiment).run(cfg)}")
     results = Path(cfg.results_dir)
     typer.echo(f"wrote {write_report(results)}")
-    if (results.parent / "REPORT.md").exists():  # e.g. results/cpu: the report above it covers it too
-        typer.echo(f"wrote {write_report(results.parent)}")
+    if above := enclosing(results):
+        typer.echo(f"wrote {write_report(above)}")
     typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
 
 

@@ -12,10 +12,11 @@ import time
 
 import pandas as pd
 import torch
+from omegaconf import OmegaConf
 
 from normprop_cli import device as devices
 from normprop_cli.engine.step import PHASES, StepClock, StepOptions, make_optimizer, make_step
-from normprop_cli.nn.methods import METHODS
+from normprop_cli.nn.methods import METHODS, settings
 
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
@@ -31,10 +32,11 @@ def describe(options: StepOptions) -> str:
 
 
 def method_cfg(cfg, method: str):
-    """`cfg` with METHODS[method]'s model options (norm, NormProp's jacobian) and its learning rate."""
+    """`cfg` with METHODS[method]'s settings (norm, NormProp's jacobian, scaled WS's gradient clipping)
+    and its learning rate."""
     cfg = copy.deepcopy(cfg)
-    for key, value in METHODS[method].items():
-        cfg.model[key] = value
+    for key, value in settings(method).items():
+        OmegaConf.update(cfg, key, value, force_add=True)
     if method == "none":
         cfg.train.lr = 1e-4  # section 5.2: larger rates diverge
     return cfg
@@ -49,8 +51,9 @@ def build_step(cfg, data, dev, method, options):
     model = build_model(cfg.model, data).to(dev)
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = make_optimizer(model, cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay, dev)
-    return make_step(model, torch.nn.Identity(), opt, cfg.model.norm == "normprop", options)
+    t = cfg.train
+    opt = make_optimizer(model, t.lr, t.momentum, t.weight_decay, dev, t.get("decay", "all"))
+    return make_step(model, torch.nn.Identity(), opt, cfg.model.norm == "normprop", options, t.get("agc"))
 
 
 def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions], methods=tuple(METHODS),

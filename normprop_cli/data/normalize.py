@@ -1,7 +1,8 @@
 """Data normalisation, the first step of NormProp (paper section 4.1).
 
-Both kinds normalise each input element (each of the C x H x W values) on its
-own and are `nn.Module`s, so their statistics travel in the state_dict of a
+Global and batch normalisation normalise each input element (each of the C x H x W
+values) on its own; ZCA whitens the image as a whole (an ablation beyond the paper). All are
+`nn.Module`s, so their statistics travel in the state_dict of a
 checkpoint. Validation and test use the statistics of training (section 4.5).
 
 Images are uint8 on the device; `to_float` maps them to [0, 1]. The scale does
@@ -114,11 +115,56 @@ class BatchDataNorm(nn.Module):
         return f"momentum={self.momentum}, eps={self.eps}"
 
 
-DATA_NORMS: dict[str, type[nn.Module]] = {"global": GlobalDataNorm, "batch": BatchDataNorm}
+class ZCADataNorm(nn.Module):
+    """ZCA whitening of the whole image (Krizhevsky 2009; Goodfellow et al. 2013 on CIFAR):
+    x -> W (x - mean), W = U diag(1 / sqrt(lambda + eps)) U^T from the eigendecomposition of the
+    training set's covariance over all C x H x W elements. White input, E[xx^T] = I over the elements
+    whose variance exceeds eps, is Proposition 1's premise (section 3.2), which global data
+    normalisation meets only on the diagonal. `eps` (in units of the mean element variance) keeps
+    the near-constant directions (a zero-padded border) from being blown up."""
+
+    def __init__(self, shape: tuple[int, ...] = (3, 32, 32), eps: float = 0.01):
+        super().__init__()
+        n = 1
+        for d in shape:
+            n *= int(d)
+        self.shape, self.eps = tuple(shape), float(eps)
+        self.register_buffer("mean", torch.zeros(1, n))
+        self.register_buffer("matrix", torch.eye(n))
+
+    @classmethod
+    def from_train(cls, train_x: torch.Tensor, eps: float = 0.01) -> ZCADataNorm:
+        return cls(tuple(train_x.shape[1:]), eps).to(train_x.device).fit(train_x)
+
+    @torch.no_grad()
+    def fit(self, train_x: torch.Tensor, chunk_size: int = 2048) -> ZCADataNorm:
+        """Mean and covariance of `train_x` in float64 over chunks, then W."""
+        if len(train_x) < 2:
+            raise ValueError("ZCADataNorm.fit needs at least two training images")
+        chunks = [_as_float(c).double().flatten(1) for c in train_x.split(chunk_size)]
+        mean = sum(c.sum(0) for c in chunks) / len(train_x)
+        cov = sum((c - mean).T @ (c - mean) for c in chunks) / len(train_x)
+        values, vectors = torch.linalg.eigh(cov)
+        floor = self.eps * float(values.clamp_min(0).mean())
+        scale = (values.clamp_min(0) + floor).rsqrt()
+        self.mean = mean.float().unsqueeze(0)
+        self.matrix = (vectors * scale) @ vectors.T
+        self.matrix = self.matrix.float()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = _as_float(x).flatten(1) - self.mean
+        return (flat @ self.matrix).view(-1, *self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}, eps={self.eps}"
+
+
+DATA_NORMS: dict[str, type[nn.Module]] = {"global": GlobalDataNorm, "batch": BatchDataNorm, "zca": ZCADataNorm}
 
 
 def make_data_norm(kind: str, train_x: torch.Tensor, **kwargs) -> nn.Module:
-    """The data normalisation `kind` ('global' | 'batch') for training images `train_x`
+    """The data normalisation `kind` ('global' | 'batch' | 'zca') for training images `train_x`
     [N, C, H, W], on their device; kwargs go to the class (momentum, eps for 'batch')."""
     if kind not in DATA_NORMS:
         raise ValueError(f"unknown data_norm {kind!r}; known: {', '.join(DATA_NORMS)}")

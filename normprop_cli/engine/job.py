@@ -15,6 +15,7 @@ from normprop_cli import io
 from normprop_cli.data import DATA_NORMS, DataError, load_dataset
 from normprop_cli.data.augment import AUGMENTATIONS
 from normprop_cli.engine.runs import FINISHED, RunSpec, extends, read_manifest, run_dir, sweep_dir, tables_problem
+from normprop_cli.engine.step import DECAY
 from normprop_cli.engine.trainer import Observer, Progress, model_config, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn.nin import values_per_channel
@@ -31,6 +32,8 @@ def validate(spec: RunSpec) -> None:
         (int(t.lr_halve_every) >= 1, f"train.lr_halve_every must be at least 1, got {t.lr_halve_every}"),
         (float(t.weight_decay) >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}"),
         (0 <= float(t.momentum) < 1, f"train.momentum must be in [0, 1), got {t.momentum}"),
+        (t.get("decay", "all") in DECAY, f"train.decay={t.get('decay')} is not known; use one of {', '.join(DECAY)}"),
+        (t.get("agc") is None or float(t.agc) > 0, f"train.agc must be a positive factor or null, got {t.agc}"),
         (int(t.eval_batch_size) >= 1, f"train.eval_batch_size must be at least 1, got {t.eval_batch_size}"),
         (
             not (t.data_norm == "batch" and int(t.batch_size) == 1),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
@@ -59,7 +60,7 @@ class RichProgress:
     def epoch(self, row):
         self.bar.update(
             self.task,
-            status=f"epoch {row['epoch']}/{self.epochs} loss {row['train_loss']:.3f} test acc {row['test_acc']:.1f}%",
+            status=f"epoch {row['epoch']}/{self.epochs} loss {row['train_loss']:.3f} {accuracy(row, 1)}",
         )
 
     def finish(self, manifest):
@@ -96,7 +97,7 @@ class QuietProgress:
 
     def finish(self, manifest):
         last = self.last or {}
-        acc = f", test acc {last['test_acc']:.2f}%" if "test_acc" in last else ""
+        acc = f", {accuracy(last, 2)}" if "test_acc" in last else ""
         print(
             f"[{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
             f"{manifest['epochs_done']} epochs{acc}",
@@ -114,3 +115,9 @@ class QuietProgress:
 
 def make_progress(total_runs: int, quiet: bool):
     return (QuietProgress if quiet or not sys.stderr.isatty() else RichProgress)(total_runs)
+
+
+def accuracy(row: dict, digits: int) -> str:
+    """'test acc 91.2%', or 'val acc 90.8%' for a run that does not score the test set (train.eval_test)."""
+    split = "test" if math.isfinite(float(row.get("test_acc", math.nan))) else "val"
+    return f"{split} acc {float(row.get(f'{split}_acc', math.nan)):.{digits}f}%"

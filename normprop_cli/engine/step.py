@@ -23,6 +23,7 @@ Options (`train:` in conf/config.yaml), off by default but for channels_last on 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,12 +52,37 @@ class StepOptions:
         return cls(nhwc, get("amp"), compile_, graph)
 
 
+DECAY = ("all", "weights")
+
+
+def clipped_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters adaptive gradient clipping applies to: all that learn but the classifier's,
+    which NFNets leave unclipped (Brock et al. 2021b, section 4.1); the classifier is the model's last
+    hidden layer (`hidden_layers()[-1]`) where it has them, else nothing is exempt."""
+    exempt = set()
+    if hasattr(model, "hidden_layers"):
+        exempt = {id(p) for p in model.hidden_layers()[-1].parameters()}
+    return [p for p in model.parameters() if p.requires_grad and id(p) not in exempt]
+
+
 def make_optimizer(
-    model: nn.Module, lr: float, momentum: float, weight_decay: float, device: torch.device
+    model: nn.Module, lr: float, momentum: float, weight_decay: float, device: torch.device, decay: str = "all"
 ) -> torch.optim.SGD:
-    """Section 4.4's SGD, one fused kernel per step where torch has one (CPU and CUDA)."""
+    """Section 4.4's SGD, one fused kernel per step where torch has one (CPU and CUDA), over the
+    parameters that learn (a frozen gain or bias is left out). `decay` says which take the weight
+    decay: `all`, or `weights`: the conv and linear weights (the tensors of 2 or more dimensions),
+    not the gains, biases and other per-unit parameters, as the normalisers' authors train them
+    (for a scale-invariant conv, decay on the gain of the normalisation changes the effective rate)."""
+    if decay not in DECAY:
+        raise ValueError(f"train.decay={decay} is not known; use one of {', '.join(DECAY)}")
+    learnt = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": learnt}]
+    if decay == "weights":
+        groups = [{"params": [p for p in learnt if p.ndim >= 2]},
+                  {"params": [p for p in learnt if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
+        groups = [g for g in groups if g["params"]]
     return torch.optim.SGD(
-        model.parameters(),
+        groups,
         lr=float(lr),
         momentum=float(momentum),
         weight_decay=float(weight_decay),
@@ -106,6 +132,7 @@ class Step:
     (the trainer's steps) nothing is timed and nothing synchronised."""
 
     clock: StepClock | None = None
+    clip: Callable[[], None] | None = None  # adaptive gradient clipping of the gradients, before the update
 
     def __init__(
         self,
@@ -142,6 +169,8 @@ class Step:
             clock.mark("forward")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.clip is not None:
+            self.clip()
         if clock is not None:
             clock.mark("backward")
         self.optimizer.step()
@@ -241,6 +270,12 @@ def make_step(
     optimizer: torch.optim.Optimizer,
     constrain: bool,
     options: StepOptions,
+    agc: float | None = None,
 ) -> Step | GraphedStep:
     step = Step(model, data_norm, optimizer, constrain, options)
+    if agc is not None:
+        from timm.utils import adaptive_clip_grad  # NFNets' unit-wise clipping, as timm's NFNet training uses it
+
+        params, factor = clipped_parameters(model), float(agc)
+        step.clip = lambda: adaptive_clip_grad(params, clip_factor=factor)
     return GraphedStep(step) if options.cuda_graph else step

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +46,7 @@ from normprop_cli.engine.runs import (
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
 from normprop_cli.nn import NIN
 from normprop_cli.nn.nin import NINConfig
+from normprop_cli.nn.normalizers import renorm_in_steps
 
 MODELS = {"nin": (NIN, NINConfig)}  # arch: (model, its typed config)
 DATA_INIT_IMAGES = 256  # the batch of weight normalisation's data-dependent initialisation
@@ -114,9 +115,14 @@ def model_config(model_cfg: DictConfig) -> NINConfig:
     return MODELS[arch][1].from_dict(options)
 
 
-def build_model(model_cfg: DictConfig, data: Dataset) -> torch.nn.Module:
+def build_model(model_cfg: DictConfig, data: Dataset, steps_per_epoch: int | None = None) -> torch.nn.Module:
+    """The model of `model_cfg` for `data`; `steps_per_epoch` turns a Batch Renormalization schedule
+    given in epochs into steps (normalizers.renorm_in_steps)."""
     model, _ = MODELS[model_cfg.get("arch", "nin")]
-    return model(num_classes=data.num_classes, in_channels=data.in_channels, config=model_config(model_cfg))
+    config = model_config(model_cfg)
+    if getattr(config, "renorm", None):
+        config = replace(config, renorm=renorm_in_steps(config.renorm, steps_per_epoch))
+    return model(num_classes=data.num_classes, in_channels=data.in_channels, config=config)
 
 
 def train_run(
@@ -161,7 +167,7 @@ def _train_locked(
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
         for o in observers:
-            run.extra[o.name] += o.observe(model, probe_batches(run, data, cfg), 0)
+            run.extra.setdefault(o.name, []).extend(o.observe(model, probe_batches(run, data, cfg), 0))
     manifest = (manifest or {}) | {
         "run": spec.name,
         "setting": spec.setting,
@@ -196,7 +202,7 @@ def _train_locked(
         run.history.append(row)
         run.epoch += 1
         for o in observers:
-            run.extra[o.name] += o.observe(model, probe_batches(run, data, cfg), run.epoch)
+            run.extra.setdefault(o.name, []).extend(o.observe(model, probe_batches(run, data, cfg), run.epoch))
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         write_tables(path, run.history, run.extra)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
@@ -214,7 +220,7 @@ def _train_locked(
 def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:
     """A fresh run: the model, its data normalisation, SGD (section 4.4) and the training step."""
     t, options = cfg.train, StepOptions.from_cfg(cfg.train, device)
-    model = build_model(cfg.model, data).to(device)
+    model = build_model(cfg.model, data, epoch_steps(t, len(data.train))).to(device)
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
     data_norm = make_data_norm(t.data_norm, data.train.x).to(device)
@@ -225,8 +231,8 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Se
         with torch.no_grad():  # the batch as training sees it; batch data normalisation's estimates kept
             model.initialize(data_norm(to_float(data.train.x[pick])))
         data_norm.load_state_dict(saved)
-    optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device)
-    step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options)
+    optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device, t.get("decay", "all"))
+    step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options, t.get("agc"))
     return Run(
         model=model,
         data_norm=data_norm,
@@ -333,7 +339,8 @@ def evaluate(run: Run, data: Dataset, cfg: DictConfig) -> dict:
     run.data_norm.eval()
     logits_of = run.step.logits if run.step is not None else lambda x: run.model(run.data_norm(x))
     sums, sizes, bs = [], [], int(cfg.train.eval_batch_size)
-    for split in ("val", "test"):
+    scored = ("val", "test") if cfg.train.get("eval_test", True) else ("val",)
+    for split in scored:
         part = getattr(data, split)
         loss_sum = torch.zeros((), device=part.x.device)
         correct = torch.zeros((), device=part.x.device, dtype=torch.long)
@@ -343,6 +350,8 @@ def evaluate(run: Run, data: Dataset, cfg: DictConfig) -> dict:
             correct += (logits.argmax(1) == y).sum()
         sums += [loss_sum.double(), correct.double()]
         sizes.append(max(len(part), 1))
+    if len(scored) == 1:  # train.eval_test=false: the test set is not scored (NaN)
+        sums, sizes = sums + [torch.tensor(math.nan, dtype=torch.float64, device=sums[0].device)] * 2, sizes + [1]
     (vl, vc, tl, tc), (nv, nt) = torch.stack(sums).tolist(), sizes
     return {"val_loss": vl / nv, "val_acc": 100.0 * vc / nv, "test_loss": tl / nt, "test_acc": 100.0 * tc / nt}
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from torch import Tensor, nn
 
 from . import normalizers as nz
+from . import online
 from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer, fold
 from .methods import BATCH_STATISTICS
 from .normalizers import activation_module, glorot_conv
@@ -79,6 +80,8 @@ NORMS: dict[str, Norm] = {
     "ws-gn": Norm(nz.ws_gn_block, _plain_conv),
     "scaledws": Norm(nz.scaledws_block, _plain_conv),
     "frn": Norm(nz.frn_block, _plain_conv, activations=("relu",)),  # its TLU is the activation
+    "evonorm": Norm(online.evonorm_block, _plain_conv, activations=("relu",)),  # EvoNorm-S0 carries its own
+    "online": Norm(online.online_block, _plain_conv),
 }
 
 
@@ -99,6 +102,8 @@ class NINConfig:
     jacobian: str = "divide"  # layers.JACOBIAN_MODES: divide (ICML eq. 11) | init (arXiv) | off
     renorm: dict = field(default_factory=dict)  # Batch Renormalization's limits (norm=batchrenorm)
     data_init: bool = False  # weightnorm: Salimans and Kingma's data-dependent initialisation
+    classifier: str = "own"  # own: the norm's classifier conv | plain: the same plain conv for every norm
+    freeze_affine: bool = False  # gamma and beta (NormProp's, a norm layer's weight and bias) stay at their init
 
     @classmethod
     def from_dict(cls, options: dict) -> NINConfig:
@@ -123,9 +128,14 @@ class NINConfig:
         takes = NORMS[self.norm].activations
         if takes is not None and self.activation not in takes:
             return f"model.norm={self.norm} takes model.activation={' or '.join(takes)}, not {self.activation}"
+        if self.classifier not in CLASSIFIERS:
+            return f"model.classifier={self.classifier} is not known; use one of {', '.join(CLASSIFIERS)}"
         if self.data_init and self.norm != "weightnorm":
             return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
         return None
+
+
+CLASSIFIERS = ("own", "plain")
 
 
 def feature_sizes(image_size: int = 32) -> list[tuple[str, int]]:
@@ -146,6 +156,18 @@ def values_per_channel(norm: str, batch_size: int, image_size: int = 32) -> int 
         return None
     hidden = [size for kind, size in feature_sizes(image_size) if kind == "C"][:-1]  # the classifier has no BN
     return batch_size * min(size * size for size in hidden)
+
+
+def affine_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The learnt per-unit gains and biases of the normalisation: NormProp's gamma and beta (eq. 11),
+    and the weight and bias of the norm layers that follow a conv (BN, BRN, GN, ...)."""
+    out = []
+    for m in model.modules():
+        if isinstance(m, NormPropLayer):
+            out += [m.gamma, m.beta]
+        elif isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)) and m.weight is not None:
+            out += [m.weight, m.bias]
+    return out
 
 
 class NIN(nn.Module):
@@ -189,7 +211,8 @@ class NIN(nn.Module):
             n_conv += 1
             filters, size, stride, pad = spec
             if filters == "K":
-                conv = factories.classifier(channels, num_classes, size, stride, pad, **options)
+                make = factories.classifier if config.classifier == "own" else _plain_conv
+                conv = make(channels, num_classes, size, stride, pad, **options)
                 filters = num_classes
             else:
                 filters = max(1, round(filters * width))
@@ -197,6 +220,9 @@ class NIN(nn.Module):
             layers.append((f"conv{n_conv}", conv))
             channels = filters
         self.features = nn.Sequential(OrderedDict(layers))
+        if config.freeze_affine:
+            for p in affine_parameters(self):
+                p.requires_grad_(False)
         self.config, self.norm, self.num_classes, self.activation = config, norm, num_classes, config.activation
         self.data_init = config.data_init  # weightnorm: Salimans and Kingma's initialisation, `initialize`
         self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]

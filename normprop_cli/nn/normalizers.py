@@ -29,6 +29,31 @@ GROUPS_AT_FULL_WIDTH = 32  # Wu and He's default; the count scales with the NIN'
 # 40,000 steps and dmax = 5 at 25,000. Our runs are a few thousand steps at most: the same shape on
 # a clock 50 times faster (conf/model/nin.yaml `renorm`).
 RENORM = {"rmax": 3.0, "dmax": 5.0, "warmup_steps": 100, "rmax_steps": 800, "dmax_steps": 500}
+SCHEDULE = ("warmup", "rmax", "dmax")  # the limits' clock: <name>_steps, or <name>_epochs (renorm_in_steps)
+
+
+def renorm_in_steps(renorm: dict, steps_per_epoch: int | None) -> dict:
+    """Batch Renormalization's limits with a schedule given in epochs (`warmup_epochs`, `rmax_epochs`,
+    `dmax_epochs`) as BatchRenorm2d takes it, in SGD steps: epochs x steps per epoch, rounded. A run
+    at batch 50 and one at batch 1 then relax their limits at the same point of training, where a
+    schedule in steps relaxes them 50 times sooner at batch 1 (and never starts at batch 50 when a
+    run has fewer steps than the warm-up). Null values count as not given; a schedule in steps is
+    returned as it is."""
+    out = {k: v for k, v in renorm.items() if v is not None}  # a null key is not given
+    given = [k for k in SCHEDULE if f"{k}_epochs" in out]
+    if not given:
+        return out
+    clash = [k for k in SCHEDULE if f"{k}_steps" in out]
+    if clash or len(given) != len(SCHEDULE):
+        raise ValueError(
+            "model.renorm gives its schedule in epochs (warmup_epochs, rmax_epochs, dmax_epochs, all three) or in "
+            f"steps, not both; got {', '.join(sorted(out))}"
+        )
+    if not steps_per_epoch or steps_per_epoch < 1:
+        raise ValueError("model.renorm's schedule in epochs needs the run's SGD steps per epoch")
+    for k in SCHEDULE:
+        out[f"{k}_steps"] = round(float(out.pop(f"{k}_epochs")) * steps_per_epoch)
+    return out
 
 
 class BatchRenorm2d(nn.BatchNorm2d):

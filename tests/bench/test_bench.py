@@ -10,7 +10,7 @@ from normprop_cli import device as devices
 from normprop_cli.bench import PRECISIONS, bench_data, choose_methods, choose_precisions, run_bench
 from normprop_cli.bench_timing import COLUMNS, EPOCH_COLUMNS, build_step, denormals_flushed
 from normprop_cli.engine.step import PHASES, StepOptions
-from normprop_cli.nn.methods import METHODS
+from normprop_cli.nn.methods import METHODS, model_options
 
 TIMED = ("none", "batchnorm", "normprop-icml")
 
@@ -119,12 +119,14 @@ def test_a_method_steps_with_its_model_options():
     cpu = torch.device("cpu")
     cfg = config.load("table1", preset="smoke")
     data = bench_data(cfg, cpu)
-    for method, options in METHODS.items():
+    for method in METHODS:
+        options = model_options(method)
         step = build_step(cfg, data, cpu, method, StepOptions())
         assert step.model.norm == options["norm"] and step.constrain == (options["norm"] == "normprop"), method
         jacobians = {m.jacobian for m in step.model.modules() if isinstance(m, NormPropLayer)}
         assert jacobians == ({options["jacobian"]} if "jacobian" in options else set()), method
         assert step.optimizer.param_groups[0]["lr"] == (1e-4 if method == "none" else cfg.train.lr)
+        assert (step.clip is not None) == ("train.agc" in METHODS[method]), method  # scaled WS: NFNets' clipping
 
 
 def test_methods_pick_a_subset_and_ratios_need_their_reference(cli):

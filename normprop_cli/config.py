@@ -228,7 +228,8 @@ def grid_overrides(cfg: DictConfig, user: list[Override]) -> None:
             else f"the {name} grid sets {', '.join(clash)} per setting, as what it compares"
         )
         where = (
-            "choose the grid with experiment.methods=[...], experiment.batch_sizes=[...] and experiment.lr=[...]"
+            "choose the grid with experiment.methods=[...], experiment.batch_sizes=[...], experiment.lr=[...] and "
+            "experiment.epochs=[...]"
             if cfg.experiment.get("methods") is not None
             else f"change the grid in conf/experiment/{name}.yaml (or its preset file)"
         )
@@ -238,8 +239,10 @@ def grid_overrides(cfg: DictConfig, user: list[Override]) -> None:
 def method_grid(experiment: DictConfig) -> list[dict]:
     """The grid of an experiment that compares `methods` (nn.methods.METHODS) at `batch_sizes`: one
     setting <method>-b<batch size> each, at the rate `lr[i]` of its batch size times the method's
-    `lr_scale` (default 1), the centre of its learning-rate sweep."""
-    from normprop_cli.nn.methods import METHODS
+    `lr_scale` (default 1), the centre of its learning-rate sweep. Optional `epochs` and
+    `lr_halve_every`, one per batch size, set those per batch size (a batch of 50 takes 1/50 of the
+    updates of a batch of 1 per epoch); else every setting trains train.epochs."""
+    from normprop_cli.nn.methods import METHODS, settings
 
     methods, sizes, rates = list(experiment.methods), list(experiment.batch_sizes), list(experiment.lr)
     unknown = [m for m in methods if m not in METHODS]
@@ -247,18 +250,22 @@ def method_grid(experiment: DictConfig) -> list[dict]:
         raise UserError(
             f"experiment.methods: {', '.join(map(str, unknown))} not known; use some of {', '.join(METHODS)}"
         )
-    if len(rates) != len(sizes) or not sizes:
-        raise UserError(
-            f"experiment.lr gives {len(rates)} rates for {len(sizes)} batch sizes ({sizes}); give one per batch size"
-        )
+    per_size = {"lr": rates} | {k: list(experiment[k]) for k in ("epochs", "lr_halve_every") if experiment.get(k)}
+    for key, values in per_size.items():
+        if len(values) != len(sizes) or not sizes:
+            raise UserError(
+                f"experiment.{key} gives {len(values)} values for {len(sizes)} batch sizes ({sizes}); give one per "
+                "batch size"
+            )
     scale = experiment.get("lr_scale") or {}
-    return [
-        {"id": f"{m}-b{int(bs)}",
-         "set": {f"model.{k}": v for k, v in METHODS[m].items()}
-                | {"train.batch_size": int(bs), "train.lr": float(f"{float(lr) * float(scale.get(m, 1.0)):.6g}")}}
-        for bs, lr in zip(sizes, rates, strict=True)
-        for m in methods
-    ]  # fmt: skip
+    grid = []
+    for i, bs in enumerate(sizes):
+        schedule = {f"train.{k}": int(per_size[k][i]) for k in ("epochs", "lr_halve_every") if k in per_size}
+        for m in methods:
+            lr = float(f"{float(rates[i]) * float(scale.get(m, 1.0)):.6g}")
+            grid.append({"id": f"{m}-b{int(bs)}",
+                         "set": settings(m) | {"train.batch_size": int(bs), "train.lr": lr} | schedule})  # fmt: skip
+    return grid
 
 
 def _override_value(value) -> str:

@@ -1,0 +1,195 @@
+"""The report's headlines and paragraphs for the normalizers experiment, every number read from
+normalizers.csv (tables.read_table)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from normprop_cli.experiments import results
+from normprop_cli.experiments.normalizers.tables import label, read_table
+
+
+def headlines(cfg: DictConfig) -> list[dict]:
+    """Per batch size: the best method, and where the reference (NormProp) ranks; per batch-statistics
+    method at batch 1, its final accuracy in training and in evaluation mode; the runs that did not
+    learn in any mode they are scored in."""
+    t = read_table(cfg)
+    reference = cfg.experiment.get("reference", "normprop-icml")
+    rows = []
+    for bs, g in t.groupby("batch_size", sort=True):
+        top = g.iloc[0]
+        ref = g[g["normalizer"] == reference]
+        rank = f"; {label(reference)} ranks {int(ref['rank'].iloc[0])} of {len(g)}" if len(ref) else ""
+        rows.append({"quantity": f"batch {int(bs)}: best final test accuracy (%) [95% CI, n = {int(top['n'])}]",
+                     "reproduced": f"{label(top['normalizer'])} {_ci(top, 'final')}{_counts(top)}{rank}",
+                     "paper": ""})  # fmt: skip
+    for _, r in t[t["train_mode_acc"].notna()].iterrows():
+        rows.append({"quantity": f"batch {int(r['batch_size'])}, {label(r['normalizer'])}: final test accuracy (%) "
+                                 f"[95% CI, n = {int(r['n'])}] in training mode (each image normalised by its own "
+                                 "statistics) / in evaluation mode (running estimates)",
+                     "reproduced": f"{_ci(r, 'train')} / {_ci(r, 'eval')}: {_modes(r, cfg)}", "paper": ""})  # fmt: skip
+    return rows + results.not_learned(cfg)
+
+
+def _ci(row, prefix: str) -> str:
+    key = {"final": ("final_acc", "final_low", "final_high"), "best": ("best_val_acc", "best_val_low", "best_val_high"),
+           "diff": ("diff_vs_reference", "diff_low", "diff_high"), "drift": ("drift", "drift_low", "drift_high"),
+           "train": ("train_mode_acc", "train_mode_low", "train_mode_high"),
+           "eval": ("eval_mode_acc", "eval_mode_low", "eval_mode_high"),
+           "gap": ("mode_gap", "mode_gap_low", "mode_gap_high")}[prefix]  # fmt: skip
+    return results.format_ci(*(float(row[k]) for k in key))
+
+
+def _counts(row) -> str:
+    """' (2 did not learn, 1 diverged)' for a row of the table, '' when every run learned."""
+    failed, gone = int(row["n"]) - int(row["learned"]), int(row["diverged"])
+    parts = [f"{failed} did not learn"] * bool(failed) + [f"{gone} diverged, left out"] * bool(gone)
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _modes(row, cfg: DictConfig) -> str:
+    """'learns in training mode and fails in evaluation mode (mean final accuracy at or below chance + 5
+    points; chance is 10%)': each mode's mean final accuracy against chance + results.LEARNED_MARGIN."""
+    bar = results.chance(cfg) + results.LEARNED_MARGIN
+    learns = {results.MODES[c]: float(row[c]) > bar for c in ("train_mode_acc", "eval_mode_acc")}
+    chance = f"chance is {results.chance(cfg):g}%"
+    if all(learns.values()):
+        return f"learns in both modes (mean final accuracy above chance + {results.LEARNED_MARGIN:g} points; {chance})"
+    said = " and ".join(f"{'learns' if ok else 'fails'} in {mode}" for mode, ok in learns.items())
+    return f"{said} (fails: mean final accuracy {results.NEAR_CHANCE}; {chance})"
+
+
+def paragraphs(cfg: DictConfig) -> list[str]:
+    """A ranked table per batch size, then which methods beat the reference where, with intervals;
+    the batch-statistics methods at batch 1 in both modes."""
+    t = read_table(cfg)
+    reference = cfg.experiment.get("reference", "normprop-icml")
+    ref = label(reference)
+    level = float(t["diff_level"].dropna().iloc[0]) if t["diff_level"].notna().any() else results.LEVEL
+    m = max(1, round((1.0 - results.LEVEL) / max(1.0 - level, 1e-12)))
+    out = [
+        f"**Normalisers ({cfg.dataset.name}, {cfg.preset.name} preset, {schedule(cfg)}).** Each "
+        "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`, "
+        "`lr_sweep.png`). Accuracy "
+        "intervals are 95% t intervals on the logit scale (they stay within [0, 100]); runs that diverged are "
+        f"left out of every mean and counted beside it. Differences from {ref} are Welch intervals over "
+        f"independent seeds at the Bonferroni-corrected level 1 - 0.05/{m} = {100 * level:.2f}% ({m} comparisons "
+        "with the reference over the whole table, so that all of them hold together at 95%): *better* or *worse* "
+        "where the interval "
+        "excludes 0, else *indistinguishable*. Batch sizes differ in their SGD updates (a batch of 50 takes 1/50 "
+        "of the updates of a batch of 1 per epoch): compare methods within a batch size, not across. Step times "
+        f"come from the runs ({int(cfg.get('jobs') or 1)} one-thread worker processes side by side), comparable "
+        "within this table only; `normprop bench` times the methods in turn in one process.",
+        training_details(cfg),
+        edges(cfg),
+    ]
+    for bs, g in t.groupby("batch_size", sort=True):
+        head = (
+            f"| rank | method | lr | final acc (%) [95% CI] | best-val acc (%) | vs {ref} (pp) "
+            f"[{100 * level:.2f}% CI] | drift | ms/step |"
+        )
+        lines = [head, "|---|---|---|---|---|---|---|---|"]
+        for _, r in g.iterrows():
+            vs = "reference" if r["normalizer"] == reference else f"{_ci(r, 'diff')} {r['reading']}"
+            final = _ci(r, "final")
+            if math.isfinite(float(r["train_mode_acc"])):
+                final += f" in evaluation mode; {_ci(r, 'train')} in training mode"
+            lines.append(f"| {int(r['rank'])} | {label(r['normalizer'])} | {r['lr']:g} | {final}{_counts(r)} | "
+                         f"{_ci(r, 'best')} | {vs} | {_ci(r, 'drift')} | {r['step_ms']:.1f} |")  # fmt: skip
+        out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(lines))
+        out.append(_finding(g, int(bs), ref))
+    gaps = t[t["mode_gap"].notna()]
+    if len(gaps):
+        parts = [
+            f"{label(r['normalizer'])} {_ci(r, 'train')} in training mode and {_ci(r, 'eval')} in evaluation mode, "
+            f"a difference of {_ci(r, 'gap')} pp: it {_modes(r, cfg)}"
+            for _, r in gaps.iterrows()
+        ]
+        out.append(
+            "At batch 1 the batch-statistics methods normalise each training image by its own spatial statistics. "
+            "Tested the same way (training mode, one image at a time) and with their running estimates "
+            f"(evaluation mode, the mode of the table above), their final test accuracy (%) is: {'; '.join(parts)} "
+            "(95% CI; the difference is training minus evaluation mode)."
+        )
+    return out
+
+
+def _finding(g: pd.DataFrame, bs: int, ref: str) -> str:
+    def names(reading: str) -> str:
+        rows = g[g["reading"] == reading]
+        return ", ".join(f"{label(r['normalizer'])} ({_ci(r, 'diff')} pp)" for _, r in rows.iterrows())
+
+    better, worse = names("better"), names("worse")
+    same = ", ".join(label(m) for m in g.loc[g["reading"] == "indistinguishable", "normalizer"])
+    parts = [f"At batch {bs}, " + (f"{better} beat {ref}" if better else f"no method beats {ref}")]
+    if worse:
+        parts.append(f"{worse} {'is' if worse.count('(') == 1 else 'are'} worse")
+    if same:
+        parts.append(f"{same} cannot be told apart from it at these seeds")
+    return "; ".join(parts) + "."
+
+
+def training_details(cfg: DictConfig) -> str:
+    """How every method trains, as the config has it: the classifier, the weight decay, Batch
+    Renormalization's schedule and its limits at batch 1, scaled WS's gradient clipping."""
+    from normprop_cli.nn.methods import METHODS
+
+    t, model, methods = cfg.train, cfg.model, list(cfg.experiment.methods)
+    parts = []
+    if model.get("classifier", "own") == "plain":
+        own = "normprop-icml-own-classifier" in methods
+        parts.append("Every method ends in the same classifier, a plain 1x1 conv with a bias (Glorot weights, "
+                     "section 4.2's initialisation) and no normalisation"
+                     + (f"; {label('normprop-icml-own-classifier')} is the ablation row with NormProp's own, "
+                        "normalised classifier (eq. 11 without activation)" if own else ""))  # fmt: skip
+    if t.get("decay", "all") == "weights":
+        parts.append(f"weight decay {float(t.weight_decay):g} applies to the conv weights alone, not to gains, "
+                     "biases or other per-unit parameters, for every method (on a scale-invariant conv, decay "
+                     "on the normalisation's gain would change the effective learning rate)")  # fmt: skip
+    renorm = {k: v for k, v in dict(model.get("renorm") or {}).items() if v is not None}
+    if "batchrenorm" in methods and "warmup_epochs" in renorm:
+        parts.append(
+            f"Batch Renorm keeps r = 1, d = 0 (BatchNorm exactly) for the first {renorm['warmup_epochs']:g} "
+            f"epoch(s), then relaxes its limits linearly, to rmax = {renorm['rmax']:g} at epoch "
+            f"{renorm['rmax_epochs']:g} and dmax = {renorm['dmax']:g} at epoch {renorm['dmax_epochs']:g}, "
+            "counted in epochs so that every batch size relaxes them at the same point of training; at "
+            "batch 1, r = sigma_B / sigma and d = (mu_B - mu) / sigma take sigma_B and mu_B from the one "
+            "image's own spatial statistics per channel, clipped to [1/rmax, rmax] and [-dmax, dmax]"
+        )
+    agc = {m: METHODS[m]["train.agc"] for m in methods if "train.agc" in METHODS.get(m, {})}
+    for m, factor in agc.items():
+        parts.append(f"{label(m)} clips its gradients adaptively (NFNets' unit-wise clipping, factor {factor:g}, "
+                     "the classifier exempt)")  # fmt: skip
+    return ("*Training.* " + "; ".join(parts) + ".") if parts else ""
+
+
+def schedule(cfg: DictConfig) -> str:
+    """'8 epochs', or per batch size where the experiment sets them: 'batch 1: 2 epochs, ...'."""
+    e = cfg.experiment
+    if not e.get("epochs"):
+        return f"{int(cfg.train.epochs)} epochs"
+    halves = list(e.get("lr_halve_every") or [cfg.train.lr_halve_every] * len(e.batch_sizes))
+    return ", ".join(f"batch {int(b)}: {int(n)} epochs, rate halved every {int(h)}"
+                     for b, n, h in zip(e.batch_sizes, e.epochs, halves, strict=True))  # fmt: skip
+
+
+def edges(cfg: DictConfig) -> str:
+    """Which chosen rates sit at an edge of their sweep, and why (lr_sweep.edge_choices); '' where none does."""
+    from normprop_cli.engine import sweep_dir
+    from normprop_cli.experiments.lr_sweep import edge_choices, stepped
+
+    if not stepped(cfg) or not (sweep_dir(cfg) / "lr_sweep.csv").exists():
+        return ""
+    found = edge_choices(results.read(cfg, "lr_sweep"))
+    if not len(found):
+        return "*Rates.* Every chosen rate is interior to the rates its sweep tried (`lr_sweep.csv`)."
+    extend = int(cfg.experiment.lr_sweep.extend)
+    why = {"only": "the only rate tried", "lowest": "the lowest rate tried", "highest": "the highest rate tried"}
+    names = "; ".join(f"{label(r['method'])} at batch {int(r['batch_size'])}: {r['lr']:g}, {why[r['side']]} "
+                      f"({r['rates']})" for _, r in found.iterrows())  # fmt: skip
+    return (f"*Rates at an edge.* {len(found)} chosen rate(s) sit at an edge of the rates tried, after the sweep "
+            f"extended that side {extend} time(s) (`experiment.lr_sweep.extend`), so a better rate may lie beyond "
+            f"it: {names}.")

@@ -1,0 +1,140 @@
+"""normalizers.csv from summary.csv: per batch size and method, accuracies with intervals, the difference
+from the reference method with a Bonferroni-corrected Welch interval, drift and both modes at batch 1."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from normprop_cli.experiments import results
+
+KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
+TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "final_acc", "final_low",
+         "final_high", "best_val_acc", "best_val_low", "best_val_high", "diff_vs_reference", "diff_low", "diff_high",
+         "p_value", "diff_level", "reading", "step_ms", "drift", "drift_low", "drift_high", "train_mode_acc",
+         "train_mode_low", "train_mode_high", "eval_mode_acc", "eval_mode_low", "eval_mode_high", "mode_gap",
+         "mode_gap_low", "mode_gap_high"]  # fmt: skip
+LABELS = {
+    "none": "no normalisation",
+    "batchnorm": "BatchNorm",
+    "batchrenorm": "Batch Renorm",
+    "weightnorm": "weight norm",
+    "layernorm": "LayerNorm",
+    "groupnorm": "GroupNorm",
+    "ws-gn": "WS + GroupNorm",
+    "scaledws": "scaled WS (NF)",
+    "frn": "FRN + TLU",
+    "evonorm": "EvoNorm-S0",
+    "online": "Online Norm",
+    "normprop-icml": "NormProp (ICML)",
+    "normprop-arxiv": "NormProp (arXiv)",
+    "normprop-icml-own-classifier": "NormProp (ICML), own classifier",
+}
+
+
+def label(method: str) -> str:
+    return LABELS.get(method, method)
+
+
+def final_drift(population: pd.DataFrame) -> float:
+    """The population's average drift at the run's last epoch, averaged over its layers."""
+    if not len(population):
+        return math.nan
+    last = population[population["epoch"] == population["epoch"].max()]
+    return float(last["avg_drift"].mean())
+
+
+def best_val_test_acc(runs: pd.DataFrame) -> float:
+    """Test accuracy at the epoch of best validation accuracy (first such epoch)."""
+    return float(runs.loc[runs["val_acc"].idxmax(), "test_acc"]) if len(runs) else math.nan
+
+
+def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float, float]:
+    """mean(a) - mean(b), its Welch interval at `level` (independent runs, unequal variances), kept
+    within [-100, 100] (a difference of two accuracies in %), and the two-sided p-value."""
+    from scipy import stats
+
+    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    diff = float(a.mean() - b.mean()) if len(a) and len(b) else math.nan
+    if len(a) < 2 or len(b) < 2 or (a.std() == 0 and b.std() == 0):
+        return diff, math.nan, math.nan, math.nan
+    with warnings.catch_warnings():  # near-identical accuracies: scipy warns of precision, the interval stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = stats.ttest_ind(a, b, equal_var=False)
+        ci = test.confidence_interval(level)
+    return diff, max(float(ci.low), -100.0), min(float(ci.high), 100.0), float(test.pvalue)
+
+
+def comparisons(summary: pd.DataFrame, reference: str) -> int:
+    """How many methods are compared with the reference over the table (every batch size): the family
+    of the Bonferroni correction, m."""
+    count = 0
+    for _, every in summary.groupby("batch_size"):
+        kept = results.kept(every)
+        if (kept["normalizer"] == reference).sum() >= 2:
+            count += int((kept.groupby("normalizer").size() >= 2).drop(reference, errors="ignore").sum())
+    return max(count, 1)
+
+
+def reading(low: float, high: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no interval"
+    return "better" if low > 0 else "worse" if high < 0 else "indistinguishable"
+
+
+def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per batch size and method, ranked by mean final test accuracy (best first), over the
+    runs that did not diverge (those are counted in `diverged`): accuracies with proportion_ci, drift,
+    the mode gap and the difference from the reference with t intervals; `learned` counts the runs
+    that learned in a mode they are scored in (results.learned_in_a_mode)."""
+    reference = cfg.experiment.get("reference", "normprop-icml")
+    level = 1.0 - (1.0 - results.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
+    rows = []
+    for bs, every in summary.groupby("batch_size", sort=True):
+        at = results.kept(every)
+        ref = at.loc[at["normalizer"] == reference, "final_test_acc"]
+        for method, runs in every.groupby("normalizer", sort=False):
+            g = results.kept(runs)
+            final, best = results.proportion_ci(g["final_test_acc"]), results.proportion_ci(g["best_val_test_acc"])
+            drift = results.mean_ci(g["drift"])
+            modes = {}  # train_mode_acc, train_mode_low, ..., eval_mode_high
+            for column in results.MODES:
+                modes |= _ci_columns(column, results.proportion_ci(g[column]) if column in g else {})
+            gap = results.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
+            diff = welch(g["final_test_acc"], ref, level) if method != reference and len(ref) else (math.nan,) * 4
+            rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
+                         "n": final["n"], "diverged": len(runs) - len(g),
+                         "learned": int(results.learned_in_a_mode(g, cfg).eq(True).sum()),
+                         "final_acc": final["mean"], "final_low": final["ci_low"], "final_high": final["ci_high"],
+                         "best_val_acc": best["mean"], "best_val_low": best["ci_low"], "best_val_high": best["ci_high"],
+                         "diff_vs_reference": diff[0], "diff_low": diff[1], "diff_high": diff[2], "p_value": diff[3],
+                         "diff_level": level,
+                         "reading": "reference" if method == reference else reading(diff[1], diff[2]),
+                         "step_ms": float(g["step_ms"].median()),
+                         "drift": drift["mean"], "drift_low": drift["ci_low"], "drift_high": drift["ci_high"],
+                         **modes,
+                         "mode_gap": gap.get("mean", math.nan), "mode_gap_low": gap.get("ci_low", math.nan),
+                         "mode_gap_high": gap.get("ci_high", math.nan)})  # fmt: skip
+    out = pd.DataFrame(rows, columns=[c for c in TABLE if c != "rank"])
+    out = out.sort_values(["batch_size", "final_acc"], ascending=[True, False], kind="stable")
+    out.insert(1, "rank", out.groupby("batch_size").cumcount() + 1)
+    return out.reset_index(drop=True)
+
+
+def _ci_columns(column: str, ci: dict) -> dict:
+    """A mode's columns of the table: `<mode>_acc`, `<mode>_low`, `<mode>_high` of `column` = `<mode>_acc`."""
+    mode = column.removesuffix("_acc")
+    return {column: ci.get("mean", math.nan), f"{mode}_low": ci.get("ci_low", math.nan),
+            f"{mode}_high": ci.get("ci_high", math.nan)}  # fmt: skip
+
+
+def read_table(cfg: DictConfig) -> pd.DataFrame:
+    """normalizers.csv; one written by an earlier version of `table` (other columns) is formed again
+    from summary.csv, so that the figure and the report always show this version's numbers."""
+    t = results.read(cfg, "normalizers")
+    return t if list(t.columns) == TABLE else table(cfg, results.read(cfg, "summary"))

@@ -57,6 +57,13 @@ def test_smoke_run_writes_spread_and_population_for_both_methods_and_the_wide_ru
     assert {"width", "final_mean_ratio", "final_population_drift", "final_population_abs_mean"} <= set(summary)
 
 
+def test_smoke_run_has_no_sweep_no_affine_probe_and_no_ablation(sweep):
+    for name in ("lr_sweep.csv", "affine.csv", "ablation.csv", "drift_ablation.png"):
+        assert not (sweep / name).exists()
+    assert not any((run / "affine.csv").exists() for run in (sweep / "runs").iterdir())
+    assert not {"final_gamma_change", "final_beta_change"} & set(pd.read_csv(sweep / "summary.csv"))
+
+
 def test_plot_redraws_from_the_csvs_alone(assert_redraws, results):
     assert_redraws("drift", results)
 

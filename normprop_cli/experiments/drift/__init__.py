@@ -1,6 +1,6 @@
 """Beyond the paper (drift): why a trained NormProp net's layer inputs leave N(0, 1).
 
-    normprop run drift [--preset quick|cpu|paper]
+    normprop run drift [--preset quick|cpu|fashion|paper]
 
 Proposition 1 (section 3.2): if E[x x^T] = sigma^2 I and the rows of W are incoherent, u = W x has
 a nearly diagonal covariance with var(u_i) = sigma^2 ||W_i||^2, so dividing by ||W_i|| keeps unit
@@ -8,35 +8,52 @@ variance layer after layer (section 3.3). Before training and after every epoch,
 set, `SpreadProbe` measures that premise at the input x of every conv layer k = 1..9, in standard
 units (experiments.probes): the spread of W_i * x / ||W_i|| against the spread of x, the coherence of
 the rows of W, and how far x's patch covariance is from sigma^2 I. `PopulationProbe` gives
-each layer's average |mean|, std and drift from initialisation.
+each layer's average |mean|, std and drift from initialisation. With `experiment.affine_probe`,
+`AffineProbe` records NormProp's gamma and beta (BatchNorm's weight and bias) per layer.
+
+The ablation (fashion preset): where the grid has settings that share their (method, width) with another
+(tables.ablation_settings: normprop-no-jacobian, normprop-frozen-affine, normprop-zca beside normprop), each
+is compared with its main setting (ablation.py), and the report names the ablations that account for the
+drift (ablation_report.py). Where `experiment.lr_sweep` is set, every setting first chooses its rate on a
+validation sweep (lr_sweep.py; lr_sweep.csv), the grid's train.lr its centre.
 
 runs/<run>/spread.csv      SPREAD_COLUMNS, one row per conv layer and epoch
 runs/<run>/population.csv  probes.POPULATION_COLUMNS, layers 2..9
+runs/<run>/affine.csv      affine.AFFINE_COLUMNS, one row per conv layer with gamma and beta, and epoch
 spread.csv       every run's spread rows, with run, setting, method, seed, width
 population.csv   every run's population rows, with run, setting, method, seed, width
+affine.csv       every run's affine rows, with run, setting, method, seed, width (affine_probe only)
+ablation.csv     one row per setting (ablation.SETTING_COLUMNS), where the grid has ablations
+lr_sweep.csv     the validation sweep's runs (lr_sweep.py), where experiment.lr_sweep is set
 epochs.csv, curves.csv  every run's metrics; test accuracy per setting, mean and 95% interval over
                  the seeds that did not diverge (results.curves)
 summary.csv      one row per run: engine columns + width, final_mean_ratio (final epoch, mean over
                  layers 1..9), final_population_abs_mean, final_population_drift, final_population_std
-                 (final epoch, mean over layers 2..9), final_test_acc, best_test_acc
+                 (final epoch, mean over layers 2..9), final_test_acc, best_test_acc; with the affine
+                 probe final_gamma_change, final_beta_change (final epoch, mean over layers)
 drift.png/.pdf   the ratio per layer, the rows' mean |cos| beside random rows', the population's
-                 average |mean| and drift, the input's top-eigenvector fraction, vs epoch
+                 average |mean| and drift, the input's top-eigenvector fraction, vs epoch (main settings)
+drift_ablation.png/.pdf  drift per layer and over epochs per setting, gamma's change and gamma / f
 
 spread.py    SpreadProbe, the measurement during training
-tables.py    the CSVs as the figures and the report read them
+affine.py    AffineProbe, gamma and beta during training
+tables.py    the CSVs as the figures and the report read them; which settings are ablations
+ablation.py  the ablation's numbers: per setting, and each ablation against its main setting
 figures.py   plot(cfg)
-findings.py  headlines(cfg) and paragraphs(cfg) for the report
+findings.py  headlines(cfg) and paragraphs(cfg) for the report; ablation_report.py their ablation part
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.experiments import results
 from normprop_cli.experiments.covariate_shift import final_population
+from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, setting_table, tables
+from normprop_cli.experiments.drift.affine import AFFINE_COLUMNS, AffineProbe, final_change
 from normprop_cli.experiments.drift.figures import plot
 from normprop_cli.experiments.drift.findings import headlines, paragraphs
 from normprop_cli.experiments.drift.spread import (
@@ -48,10 +65,14 @@ from normprop_cli.experiments.drift.spread import (
     random_coherence,
     spectrum,
 )
+from normprop_cli.experiments.drift.tables import ablation_settings
+from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.probes import PopulationProbe
 
 __all__ = [
+    "AFFINE_COLUMNS",
     "SPREAD_COLUMNS",
+    "AffineProbe",
     "MapMoments",
     "SpreadProbe",
     "coherence",
@@ -66,14 +87,25 @@ __all__ = [
 
 
 def run(cfg: DictConfig) -> Path:
+    if cfg.experiment.get("lr_sweep") is not None:
+        kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
+        cfg = with_rates(cfg, choose_rates(cfg, method=kind, label=kind_label))
     specs = expand_grid(cfg)
     positions, images = int(cfg.experiment.patch_positions), int(cfg.experiment.patch_images)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [SpreadProbe(positions, images), PopulationProbe()])
+    affine_probe = bool(cfg.experiment.get("affine_probe"))
+
+    def observers(spec) -> list:
+        return [SpreadProbe(positions, images), PopulationProbe()] + [AffineProbe()] * affine_probe
+
+    manifests = run_sweep(cfg, specs, observers=observers)
     width = {"width": "model.width"}
     spread = results.gather(specs, SpreadProbe.name, width)
     population = results.gather(specs, PopulationProbe.name, width)
+    affine = results.gather(specs, AffineProbe.name, width) if affine_probe else None
     results.write(cfg, "spread", spread)
     results.write(cfg, "population", population)
+    if affine is not None:
+        results.write(cfg, "affine", affine)
 
     def columns(spec) -> dict:
         s = results.of_run(spread, spec.name)
@@ -82,8 +114,11 @@ def run(cfg: DictConfig) -> Path:
         if p:
             last = results.of_run(population, spec.name)
             p["final_population_std"] = last.loc[last["epoch"] == last["epoch"].max(), "avg_std"].mean()
-        return {"width": spec.cfg.model.width} | final | p
+        changes = final_change(affine, spec.name) if affine is not None else {}
+        return {"width": spec.cfg.model.width} | final | p | changes
 
     out = results.write_curves_and_summary(cfg, specs, manifests, results.gather(specs), ["setting"], columns)
+    if ablation_settings(results.read(cfg, "summary")):
+        results.write(cfg, "ablation", setting_table(cfg, tables(cfg)))
     plot(cfg)
     return out

@@ -1,4 +1,5 @@
-"""drift.png/.pdf, from spread.csv and population.csv alone."""
+"""drift.png/.pdf, from spread.csv and population.csv alone (the main settings: tables.main_rows); where the
+grid has ablations, drift_ablation.png/.pdf from population.csv, summary.csv and affine.csv."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.experiments import results
-from normprop_cli.experiments.drift.tables import by_epoch, by_group, group_label
+from normprop_cli.experiments.drift.ablation import label, read_optional
+from normprop_cli.experiments.drift.tables import (
+    ablation_settings,
+    by_epoch,
+    by_group,
+    group_label,
+    learned_rows,
+    main_rows,
+)
 
 
 def plot(cfg: DictConfig) -> list[Path]:
@@ -20,7 +29,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     from matplotlib.ticker import MaxNLocator
 
     plt = results.pyplot()
-    spread, population = results.read(cfg, "spread"), results.read(cfg, "population")
+    spread, population = main_rows(results.read(cfg, "spread")), main_rows(results.read(cfg, "population"))
     groups = by_group(spread)
     ncol = max(3, len(groups))
     fig, axes = plt.subplots(3, ncol, figsize=(3.6 * ncol, 9.4), squeeze=False)
@@ -54,6 +63,8 @@ def plot(cfg: DictConfig) -> list[Path]:
             style = {"color": results.METHOD_COLORS.get(key[0], "C2"), "linestyle": "--" if key[1] > narrow else "-"}
             ax.plot(*_xy(by_epoch(g, column)), marker="o", markersize=2, label=group_label(key, g), **style)
         ax.set_ylabel(what, fontsize=7)
+    for ax in axes[2, len(bottom) :]:
+        ax.axis("off")
     axes[2, 0].legend(fontsize=6, frameon=False)
     for ax in axes.flat:
         ax.tick_params(labelsize=7)
@@ -62,7 +73,56 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_xlabel("epoch")
     fig.suptitle(results.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return results.save(fig, cfg, "drift")
+    return results.save(fig, cfg, "drift") + plot_ablation(cfg)
+
+
+def plot_ablation(cfg: DictConfig) -> list[Path]:
+    """drift_ablation.png/.pdf where the grid has ablations, one line per setting (means over seeds, dashed:
+    wider than the narrowest): the population's average drift per layer at the last epoch, and over epochs
+    (mean over layers 2-9); where affine.csv exists, gamma's RMS change since initialisation over epochs
+    (mean over layers) and NormProp's mean gamma / f per layer at the last epoch (dotted: initialisation)."""
+    from matplotlib.ticker import MaxNLocator
+
+    population = results.read(cfg, "population")
+    if not ablation_settings(population):
+        return []
+    population, affine = learned_rows(cfg, population), learned_rows(cfg, read_optional(cfg, "affine"))
+    plt = results.pyplot()
+    panels = 4 if len(affine) else 2
+    fig, axes = plt.subplots(1, panels, figsize=(3.9 * panels, 4.2), squeeze=False)
+    ax = axes[0]
+    narrow = population["width"].min()
+    settings = list(dict.fromkeys(population["setting"]))
+    colours = plt.get_cmap("tab10")
+    for i, setting in enumerate(settings):
+        g = population[population["setting"] == setting]
+        style = {"color": colours(i % 10), "linestyle": "--" if g["width"].iloc[0] > narrow else "-"}
+        name = f"{label(cfg, setting, g['method'].iloc[0])}, width {g['width'].iloc[0]:g}"
+        last = g[g["epoch"] == g["epoch"].max()]
+        per_layer = last.groupby(["layer", "seed"])["avg_drift"].mean().groupby("layer").mean()
+        ax[0].plot(*_xy(per_layer), marker="o", markersize=3, label=name, **style)
+        ax[1].plot(*_xy(by_epoch(g, "avg_drift")), marker="o", markersize=3, **style)
+        a = affine[affine["setting"] == setting] if len(affine) else affine
+        if not len(a):
+            continue
+        ax[2].plot(*_xy(by_epoch(a, "gamma_change")), marker="o", markersize=3, **style)
+        if a["gain_mean"].notna().any():
+            first, end = (a[a["epoch"] == e].groupby("layer")["gain_mean"].mean() for e in (0, a["epoch"].max()))
+            ax[3].plot(*_xy(end), marker="o", markersize=3, **style)
+            ax[3].plot(*_xy(first), linestyle=":", color=style["color"], linewidth=0.8)
+    labels = ["average drift at the last epoch (initial stds)", "average drift, layers 2-9 (initial stds)",
+              "gamma's RMS change since initialisation", "mean gamma / f (dotted: initialisation)"]  # fmt: skip
+    for a, what, x in zip(ax, labels, ["layer", "epoch", "epoch", "layer"], strict=False):
+        a.set_ylabel(what, fontsize=7)
+        a.set_xlabel(x)
+        a.tick_params(labelsize=7)
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, names = ax[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=7, frameon=False)
+    fig.suptitle(results.title(cfg, "Drift ablation: which part of NormProp moves its layer inputs"), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 * ((len(names) + 3) // 4), 1, 0.95))
+    return results.save(fig, cfg, "drift_ablation")
 
 
 def _xy(series: pd.Series):

@@ -1,5 +1,7 @@
 """The report's headlines and findings, every number read from spread.csv and population.csv (runs that
-learned and did not diverge); the paper's column is `experiment.paper_expects` in conf/experiment/drift.yaml."""
+learned and did not diverge); the paper's column is `experiment.paper_expects` in conf/experiment/drift.yaml.
+The (method, width) findings read the main settings (tables.main_rows); where the grid has ablations,
+ablation_report adds their headlines and section."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.experiments import results
-from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, mean_at
+from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
+from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
 from normprop_cli.experiments.results import format_mean_ci
 from normprop_cli.verdicts import claims
 
@@ -22,8 +25,8 @@ def headlines(cfg: DictConfig) -> list[dict]:
     fraction, and the population's average |mean|, std and drift; mean [95% CI] over seeds. The paper's
     column: what Prop. 1 and section 3.3 expect of each quantity (experiment.paper_expects)."""
     expects = cfg.experiment.paper_expects
-    spread = learned_rows(cfg, results.read(cfg, "spread"))
-    population = learned_rows(cfg, results.read(cfg, "population"))
+    spread = learned_rows(cfg, main_rows(results.read(cfg, "spread")))
+    population = learned_rows(cfg, main_rows(results.read(cfg, "population")))
     rows = []
     for key, g in by_group(spread):
         name, last = group_label(key, g), int(g["epoch"].max())
@@ -54,7 +57,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         ):
             rows.append(_row(f"layer inputs' {what} at epoch {last}, all units, mean over layers 2-9, {name}",
                              format_mean_ci(mean_at(g, column, last), 3), expects[column]))  # fmt: skip
-    return rows + results.not_learned(cfg) + results.diverged_runs(cfg)
+    return rows + ablation_headlines(cfg) + results.not_learned(cfg) + results.diverged_runs(cfg)
 
 
 def _change(g: pd.DataFrame, column: str, last: int, digits: int = 3, layers=None) -> str:
@@ -108,7 +111,8 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The finding in sentences, every number read from spread.csv and population.csv (runs that
     learned and did not diverge): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
-    s = _summary(learned_rows(cfg, results.read(cfg, "spread")), learned_rows(cfg, results.read(cfg, "population")))
+    spread, population = (learned_rows(cfg, main_rows(results.read(cfg, name))) for name in ("spread", "population"))
+    s = _summary(spread, population)
     if not s:
         return []
     narrow = min(width for _, width in s)
@@ -122,7 +126,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     texts += [_wide_finding(w, normprop, bn) for w in wide]
     if normprop:
         texts.append(_premise_finding(normprop))
-    return texts
+    return texts + ablation_paragraphs(cfg)
 
 
 def _population_finding(normprop: dict, bn: dict) -> str:

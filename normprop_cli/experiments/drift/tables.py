@@ -1,5 +1,11 @@
 """The CSVs as the figures and the report read them, no model needed: the rows of runs that learned
-and did not diverge, the (method, width) groups and their labels, and means over seeds (and layers)."""
+and did not diverge, the (method, width) groups and their labels, and means over seeds (and layers).
+
+An ablation setting is one that shares its (method, width) with another setting of the grid: the
+group's main setting is the one named after the method (`normprop`, `batchnorm`), else the group's
+first; every other setting of the group is an ablation of it (e.g. `normprop-zca`). The (method,
+width) findings and drift.png read the main settings alone (`main_rows`); the ablation findings
+(ablation.py) compare each ablation with its main setting."""
 
 from __future__ import annotations
 
@@ -20,6 +26,24 @@ def learned_rows(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
         return table
     kept = summary.loc[learned_flags(summary).eq(True) & ~results.diverged(summary), "run"]
     return table[table["run"].isin(kept)]
+
+
+def ablation_settings(table: pd.DataFrame) -> dict[str, str]:
+    """{ablation setting: the main setting it is compared with}, in the table's order; {} without any."""
+    if not len(table) or not {"setting", "method", "width"} <= set(table):
+        return {}
+    out = {}
+    for (method, _), g in table.groupby(GROUP, sort=False):
+        settings = list(dict.fromkeys(g["setting"]))
+        main = method if method in settings else settings[0]
+        out |= {s: main for s in settings if s != main}
+    return out
+
+
+def main_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the main settings: one setting per (method, width), as the grid had before ablations."""
+    ablations = ablation_settings(table)
+    return table[~table["setting"].isin(list(ablations))] if ablations else table
 
 
 def by_group(table: pd.DataFrame):

@@ -1,0 +1,199 @@
+"""The ablation's numbers, from the CSVs alone: per setting (tables.ablation_settings) the final test
+accuracy, the population's drift, |mean| and std, the spread ratio and how far gamma and beta moved;
+per ablation, its difference from its main setting with a Welch interval over seeds.
+
+ablation.csv  one row per setting (SETTING_COLUMNS); `normprop run drift` writes it where the grid has
+              ablations, the report recomputes the same numbers from the CSVs it reads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from normprop_cli.engine.runs import sweep_dir
+from normprop_cli.experiments import results
+from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
+
+# What a grid entry's `set` can change beside the method: (key, value) -> (name suffix, label, the part of
+# NormProp that the ablation takes away, as the findings name it)
+ABLATIONS = {
+    ("model.jacobian", "off"): ("no-jacobian", "without the Jacobian factor", "the Jacobian factor f"),
+    ("model.jacobian", "init"): ("arxiv", "gamma starting at 1/f (arXiv form)", "dividing by f (ICML form)"),
+    ("model.freeze_affine", True): ("frozen-affine", "with gamma and beta frozen", "learnt gamma and beta"),
+    ("train.data_norm", "zca"): ("zca", "on ZCA-whitened input", "correlated (not whitened) input"),
+}
+QUANTITIES = {"avg_drift": "average drift", "avg_abs_mean": "average |mean|", "avg_std": "average std"}
+SETTING_COLUMNS = [
+    "setting", "method", "width", "label", "lr", "n", "diverged", "final_test_acc", "acc_low", "acc_high",
+    *[f"{q}{s}" for q in QUANTITIES for s in ("", "_low", "_high")], "ratio", "gamma_change", "beta_change",
+]  # fmt: skip
+COMPARISON_COLUMNS = ["setting", "reference", "quantity", "value", "reference_value", "diff", "low", "high",
+                      "reading"]  # fmt: skip
+
+
+def setting_kind(get: Callable[[str], object]) -> str:
+    """A run's kind from its settings (`get(dotted key)`): the method, then each ablation's suffix,
+    e.g. 'normprop-no-jacobian': lr_sweep.csv's `method`, so that each ablation has its own colour."""
+    parts = [str(get("model.norm"))]
+    parts += [suffix for (key, value), (suffix, _, _) in ABLATIONS.items() if get(key) == value]
+    return "-".join(parts)
+
+
+def kind_label(kind: str) -> str:
+    """'NormProp without the Jacobian factor' for 'normprop-no-jacobian'."""
+    parts = []
+    for suffix, label, _ in ABLATIONS.values():
+        if kind.endswith(f"-{suffix}"):
+            kind = kind.removesuffix(f"-{suffix}")
+            parts.insert(0, label)
+    return " ".join([results.method_label(kind), ", ".join(parts)]).strip()
+
+
+def entry(cfg: DictConfig, setting: str):
+    return next((e for e in cfg.get("grid") or [] if e.id == setting), None)
+
+
+def entry_get(cfg: DictConfig, setting: str) -> Callable[[str], object] | None:
+    found = entry(cfg, setting)
+    if found is None:
+        return None
+    given = dict(found.get("set") or {})
+    return lambda key: given[key] if key in given else OmegaConf.select(cfg, key)
+
+
+def label(cfg: DictConfig, setting: str, method: str) -> str:
+    """A setting's name in the report: its kind's label from the grid, or the method and the setting's id."""
+    get = entry_get(cfg, setting)
+    return kind_label(setting_kind(get)) if get else f"{results.method_label(method)} ({setting})"
+
+
+def cause(cfg: DictConfig, setting: str) -> str:
+    """What the ablation takes away, from its grid entry: 'the Jacobian factor f'; else its id."""
+    get = entry_get(cfg, setting)
+    found = [part for (key, value), (_, _, part) in ABLATIONS.items() if get and get(key) == value]
+    return " and ".join(found) if found else f"what {setting} changes"
+
+
+def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its Welch interval at `level` (independent seeds, unequal variances); NaN
+    ends with fewer than 2 finite values on a side; both sides without spread: the difference itself."""
+    from scipy.special import stdtrit
+
+    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
+    diff = float(a.mean() - b.mean()) if len(a) and len(b) else math.nan
+    if len(a) < 2 or len(b) < 2:
+        return diff, math.nan, math.nan
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return diff, diff, diff
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stdtrit(df, 0.5 + level / 2)) * math.sqrt(va + vb)
+    return diff, diff - half, diff + half
+
+
+def reading(diff: float, low: float, high: float) -> str:
+    """'reduces' / 'increases' where the interval excludes 0, else 'cannot be told apart'."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no interval"
+    return "reduces" if high < 0 else "increases" if low > 0 else "cannot be told apart"
+
+
+def per_seed(table: pd.DataFrame, setting: str, column: str) -> pd.Series:
+    """Each seed's mean over layers of `column` at the setting's last epoch."""
+    g = table[table["setting"] == setting] if len(table) else table
+    if not len(g) or column not in g:
+        return pd.Series(dtype=float)
+    g = g[g["epoch"] == g["epoch"].max()]
+    return g.groupby("seed")[column].mean()
+
+
+def read_optional(cfg: DictConfig, name: str) -> pd.DataFrame:
+    path = sweep_dir(cfg) / f"{name}.csv"
+    return pd.read_csv(path) if path.exists() and path.stat().st_size > 1 else pd.DataFrame()
+
+
+def rates(cfg: DictConfig) -> dict[str, float]:
+    """Each setting's rate: the one its validation sweep chose (lr_sweep.csv), else its first epoch's."""
+    sweep = read_optional(cfg, "lr_sweep")
+    if len(sweep):
+        return sweep[sweep["chosen"].astype(bool)].drop_duplicates("setting").set_index("setting")["lr"].to_dict()
+    epochs = read_optional(cfg, "epochs")
+    if not len(epochs):
+        return {}
+    return epochs.sort_values("epoch").drop_duplicates("setting").set_index("setting")["lr"].to_dict()
+
+
+def tables(cfg: DictConfig) -> dict[str, pd.DataFrame]:
+    """summary, population, spread and affine (empty where missing), the runs that learned and did not diverge."""
+    summary = results.read(cfg, "summary")
+    out = {"summary": summary}
+    for name in ("population", "spread", "affine"):
+        out[name] = learned_rows(cfg, read_optional(cfg, name))
+    return out
+
+
+def setting_table(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """One row per setting (SETTING_COLUMNS), in the summary's order: accuracy with its logit-scale 95%
+    interval, the population's quantities (mean over layers 2-9 at the last epoch) with t intervals over
+    seeds, the mean spread ratio over layers 1-9, gamma's and beta's RMS change (mean over layers)."""
+    t = t or tables(cfg)
+    summary, population, spread, affine = t["summary"], t["population"], t["spread"], t["affine"]
+    lr = rates(cfg)
+    rows = []
+    for setting, g in summary.groupby("setting", sort=False):
+        kept = results.kept(g)
+        kept = kept[results.learned_flags(kept).eq(True)] if "learned" in kept else kept
+        method, width = g["method"].iloc[0], float(g["width"].iloc[0]) if "width" in g else math.nan
+        acc = results.proportion_ci(kept["final_test_acc"]) if "final_test_acc" in kept else results.mean_ci([])
+        row = {"setting": setting, "method": method, "width": width, "label": label(cfg, setting, method),
+               "lr": lr.get(setting, math.nan), "n": len(kept), "diverged": int(results.diverged(g).sum()),
+               "final_test_acc": acc["mean"], "acc_low": acc["ci_low"], "acc_high": acc["ci_high"]}  # fmt: skip
+        for q in QUANTITIES:
+            ci = results.mean_ci(per_seed(population, setting, q))
+            row |= {q: ci["mean"], f"{q}_low": ci["ci_low"], f"{q}_high": ci["ci_high"]}
+        row["ratio"] = per_seed(spread, setting, "ratio").mean()
+        row["gamma_change"] = per_seed(affine, setting, "gamma_change").mean()
+        row["beta_change"] = per_seed(affine, setting, "beta_change").mean()
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SETTING_COLUMNS)
+
+
+def comparisons(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """Per ablation and quantity: the ablation's value minus its main setting's, Welch 95% interval over
+    seeds, and its reading (COMPARISON_COLUMNS)."""
+    t = t or tables(cfg)
+    population = t["population"]
+    rows = []
+    for setting, reference in ablation_settings(t["summary"]).items():
+        for q in QUANTITIES:
+            a, b = per_seed(population, setting, q), per_seed(population, reference, q)
+            diff, low, high = welch(a, b)
+            rows.append({"setting": setting, "reference": reference, "quantity": q, "value": a.mean(),
+                         "reference_value": b.mean(), "diff": diff, "low": low, "high": high,
+                         "reading": reading(diff, low, high)})  # fmt: skip
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def accounting(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The ablations whose average drift is lower than their main setting's with an interval that
+    excludes 0, the largest reduction first: those that account for the drift."""
+    drift = comparison[comparison["quantity"] == "avg_drift"] if len(comparison) else comparison
+    if not len(drift):
+        return drift
+    return drift[drift["reading"] == "reduces"].sort_values("diff", kind="stable")
+
+
+def gains(affine: pd.DataFrame, setting: str) -> pd.DataFrame:
+    """Per layer: the mean over units of gamma / f at the first and the last epoch (mean over seeds),
+    columns start and end; empty where the setting has no gain (not NormProp) or no affine rows."""
+    g = affine[affine["setting"] == setting] if len(affine) else affine
+    if not len(g) or g["gain_mean"].isna().all():
+        return pd.DataFrame(columns=["start", "end"])
+    first, last = g["epoch"].min(), g["epoch"].max()
+    at = lambda e: g[g["epoch"] == e].groupby("layer")["gain_mean"].mean()  # noqa: E731
+    return pd.DataFrame({"start": at(first), "end": at(last)})

@@ -124,3 +124,26 @@ def test_impossible_method_options_are_one_line_errors(tmp_path, override, messa
     assert len(result.output.strip().splitlines()) == 1
     assert (message or "data_init") in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_the_report_names_rates_at_an_edge_and_rates_chosen_among_chance_scores(tmp_path):
+    """A chosen rate still at an edge is named with the rates tried; a setting whose every rate scored
+    near chance is said to have an arbitrary rate."""
+    from normprop_cli import config
+    from normprop_cli.experiments.normalizers.findings import edges
+    from normprop_cli.experiments.results import write
+
+    cfg = config.load("normalizers", preset="smoke", results_dir=tmp_path)
+    rows = []
+    for setting, method, scores in (("groupnorm-b8", "groupnorm", [40.0, 60.0, 70.0]),
+                                    ("batchnorm-b1", "batchnorm", [10.0, 11.0, 9.0]),
+                                    ("normprop-icml-b8", "normprop-icml", [50.0, 70.0, 60.0])):  # fmt: skip
+        for lr, score in zip((0.01, 0.02, 0.04), scores, strict=True):
+            top = score == max(scores)
+            rows.append({"setting": setting, "method": method, "batch_size": int(setting.rsplit("-b", 1)[1]),
+                         "lr": lr, "seed": 100, "epochs": 1, "val_acc": score, "val_loss": 1.0, "chosen": top,
+                         "score": score, "at_edge": top and lr in (0.01, 0.04)})  # fmt: skip
+    write(cfg, "lr_sweep", pd.DataFrame(rows))
+    text = edges(cfg)
+    assert "GroupNorm at batch 8: 0.04, the highest rate tried (0.01 0.02 0.04)" in text
+    assert "BatchNorm at batch 1" in text and "arbitrary" in text and "NormProp (ICML) at batch 8" not in text

@@ -183,13 +183,35 @@ def edges(cfg: DictConfig) -> str:
 
     if not stepped(cfg) or not (sweep_dir(cfg) / "lr_sweep.csv").exists():
         return ""
-    found = edge_choices(results.read(cfg, "lr_sweep"))
+    sweep = results.read(cfg, "lr_sweep")
+    found, flat = edge_choices(sweep), flat_choices(cfg, sweep)
     if not len(found):
-        return "*Rates.* Every chosen rate is interior to the rates its sweep tried (`lr_sweep.csv`)."
+        return "*Rates.* Every chosen rate is interior to the rates its sweep tried (`lr_sweep.csv`)." + flat
     extend = int(cfg.experiment.lr_sweep.extend)
     why = {"only": "the only rate tried", "lowest": "the lowest rate tried", "highest": "the highest rate tried"}
     names = "; ".join(f"{label(r['method'])} at batch {int(r['batch_size'])}: {r['lr']:g}, {why[r['side']]} "
                       f"({r['rates']})" for _, r in found.iterrows())  # fmt: skip
-    return (f"*Rates at an edge.* {len(found)} chosen rate(s) sit at an edge of the rates tried, after the sweep "
-            f"extended that side {extend} time(s) (`experiment.lr_sweep.extend`), so a better rate may lie beyond "
-            f"it: {names}.")
+    return (
+        f"*Rates at an edge.* {len(found)} chosen rate(s) sit at an edge of the rates tried, after the sweep "
+        f"extended that side {extend} time(s) (`experiment.lr_sweep.extend`), so a better rate may lie beyond "
+        f"it: {names}.{flat}"
+    )
+
+
+def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
+    """' X at batch 1 was chosen among scores all within 5 points of chance ...' for the settings whose
+    every rate scored near chance on validation (evaluation mode): their choice says nothing; '' if none."""
+    if "score" not in sweep:
+        return ""
+    bar = results.chance(cfg) + results.LEARNED_MARGIN
+    best = sweep.groupby("setting").agg(method=("method", "first"), batch_size=("batch_size", "first"),
+                                        top=("score", "max"))  # fmt: skip
+    flat = best[best["top"] <= bar]
+    if not len(flat):
+        return ""
+    names = ", ".join(f"{label(r['method'])} at batch {int(r['batch_size'])}" for _, r in flat.iterrows())
+    return (
+        f" For {names}, every rate tried scored within {results.LEARNED_MARGIN:g} points of chance on "
+        "validation (evaluation mode, the mode the sweep scores), so the rate chosen among them is arbitrary; "
+        "the batch-statistics methods at batch 1 learn in training mode, shown beside the table."
+    )

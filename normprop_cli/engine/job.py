@@ -6,6 +6,7 @@ jobs) all train a run through `train_one`; none of them imports another to do so
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -27,7 +28,7 @@ def validate(spec: RunSpec) -> None:
     t, name = spec.cfg.train, spec.name
     checks = [
         (int(t.batch_size) >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
-        (float(t.lr) > 0, f"train.lr must be positive, got {t.lr}"),
+        (0 < float(t.lr) < math.inf, f"train.lr must be a positive finite number, got {t.lr}"),
         (int(t.epochs) >= 1, f"train.epochs must be at least 1, got {t.epochs}"),
         (int(t.lr_halve_every) >= 1, f"train.lr_halve_every must be at least 1, got {t.lr_halve_every}"),
         (float(t.weight_decay) >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}"),

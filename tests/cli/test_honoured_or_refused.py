@@ -63,6 +63,13 @@ def test_a_wrongly_typed_value_is_a_one_line_error(cli, override, needle):
     assert not cli.results.exists()
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-0.1"])
+def test_a_rate_that_is_not_a_positive_finite_number_is_refused_before_training(cli, value):
+    result = cli("run", "table1", *SMOKE, f"train.lr={value}", "--results-dir", cli.results)
+    one_line_error(result, "train.lr must be a positive finite number")
+    assert not list(cli.results.rglob("manifest.json"))
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_training_split_smaller_than_a_batch_is_refused_before_training(cli, jobs):
     """The smoke data set has 64 training images; a batch of 100 would make an epoch of no steps."""

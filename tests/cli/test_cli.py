@@ -40,7 +40,7 @@ def test_every_yaml_composes(experiment, preset, dataset):
 
 @pytest.mark.parametrize("preset", config.options("preset"))
 def test_every_preset_trains_in_float32(preset):
-    """bfloat16 (`train.amp`, issue 13) is opt-in: every run of every experiment of every preset is float32."""
+    """bfloat16 (`train.amp`) is opt-in: every run of every experiment of every preset is float32."""
     from normprop_cli.engine.runs import expand_grid
 
     for experiment in config.options("experiment"):

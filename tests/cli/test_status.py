@@ -1,4 +1,4 @@
-"""`normprop status` (issue: seeing where a sweep stands): every run of the grid and its state."""
+"""`normprop status` (where a sweep stands): every run of the grid and its state."""
 
 import json
 

@@ -202,7 +202,7 @@ def test_cuda_graph_replays_the_eager_steps_exactly(norm):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_replays_the_eager_bf16_steps():
-    """The folded bf16 path (issue 13) captured in one CUDA graph gives the eager bf16 steps."""
+    """The folded bf16 path captured in one CUDA graph gives the eager bf16 steps."""
     xs, ys = batches(n=6)
     out = {}
     for graph in (False, True):

@@ -1,4 +1,4 @@
-"""The package's shape (issue 12): no import cycle among its modules, no module over 400 lines."""
+"""The package's shape: no import cycle among its modules, no module over 400 lines."""
 
 import ast
 from pathlib import Path

@@ -156,8 +156,10 @@ SPREAD = {"input_std": 1.0, "proj_std": 1.0, "coherence_max": 0.3, "coherence_me
           "patch_samples": 1200}  # fmt: skip
 
 
-def fabricated(tmp_path) -> DictConfig:
-    """The fashion preset's CSVs with chosen numbers, no training."""
+def fabricated(tmp_path, shift: dict | None = None) -> DictConfig:
+    """The fashion preset's CSVs with chosen numbers, no training; `shift` adds to a setting's final
+    |mean| and std (in N(0, 1) units) without moving its drift."""
+    shift = shift or {}
     cfg = config.load("drift", preset="fashion", results_dir=str(tmp_path))
     summary, population, spread, affine, sweep = [], [], [], [], []
     for setting, drifts in DRIFT.items():
@@ -176,8 +178,9 @@ def fabricated(tmp_path) -> DictConfig:
                 moved = {"gamma_change": 1.0 - gamma, "beta_change": 0.0 if frozen else 0.05}
                 affine.append(head | {"layer": layer, "epoch": epoch, "gain_mean": gain} | moved)
                 if layer > 1:
-                    at = {"avg_drift": d if epoch else 0.0, "avg_abs_mean": 0.1 + d / 2 if epoch else 0.1}
-                    population.append(head | {"layer": layer, "epoch": epoch, "avg_std": 1.0 + d} | at)
+                    up = shift.get(setting, 0.0) if epoch else 0.0
+                    at = {"avg_drift": d if epoch else 0.0, "avg_abs_mean": (0.1 + d / 2 if epoch else 0.1) + up}
+                    population.append(head | {"layer": layer, "epoch": epoch, "avg_std": 1.0 + d + up} | at)
     for name, rows in (("summary", summary), ("population", population), ("spread", spread), ("affine", affine),
                        ("lr_sweep", sweep)):  # fmt: skip
         io.write_csv(sweep_dir(cfg) / f"{name}.csv", pd.DataFrame(rows))
@@ -229,6 +232,15 @@ def test_no_ablation_reducing_the_drift_is_said_so(tmp_path):
         DRIFT.update(DRIFT_SAVED)
     closing = next(t for t in texts if t.startswith("No ablation reduces"))
     assert "the Jacobian factor f" in closing and "Not shown to account for it" in closing
+
+
+def test_an_ablation_without_which_the_inputs_leave_n01_further_is_ruled_out(tmp_path):
+    """ZCA's drift overlaps NormProp's, but its |mean| and std (in N(0, 1) units) are clearly higher: taking
+    correlated input away makes things worse, so correlation is ruled out, not merely 'not shown'."""
+    texts = drift.paragraphs(fabricated(tmp_path, shift={"normprop-zca": 0.5}))
+    closing = next(t for t in texts if t.startswith("The drift is accounted for by"))
+    ruled = closing.partition("Ruled out")[2].split("Not shown")[0]
+    assert "correlated (not whitened) input (average |mean| 0.5" in ruled and "average std 0.5" in ruled
 
 
 # ---- the whole path on the smoke preset ---------------------------------------------------------------

@@ -212,6 +212,6 @@ def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
     names = ", ".join(f"{label(r['method'])} at batch {int(r['batch_size'])}" for _, r in flat.iterrows())
     return (
         f" For {names}, every rate tried scored within {results.LEARNED_MARGIN:g} points of chance on "
-        "validation (evaluation mode, the mode the sweep scores), so the rate chosen among them is arbitrary; "
-        "the batch-statistics methods at batch 1 learn in training mode, shown beside the table."
+        "validation (evaluation mode, the mode the sweep scores), so the rate chosen among them is arbitrary "
+        "(the batch-statistics methods' training-mode accuracy at batch 1 is given beside the table)."
     )

@@ -102,6 +102,7 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
             g = results.kept(runs)
             final, best = results.proportion_ci(g["final_test_acc"]), results.proportion_ci(g["best_val_test_acc"])
             drift = results.mean_ci(g["drift"])
+            drift["ci_low"] = max(drift.get("ci_low", math.nan), 0.0)  # an average distance: never below 0
             modes = {}  # train_mode_acc, train_mode_low, ..., eval_mode_high
             for column in results.MODES:
                 modes |= _ci_columns(column, results.proportion_ci(g[column]) if column in g else {})

@@ -67,7 +67,8 @@ def _intro(cfg: DictConfig, last: int) -> str:
             is not None else "its grid's rate")  # fmt: skip
     return (
         f"**Ablation ({cfg.dataset.name}, {cfg.preset.name} preset).** Which part of NormProp makes its layer inputs "
-        f"leave N(0, 1)? Each setting below trains {last} epoch{'s' * (last != 1)} at {rate}, and the probes measure "
+        f"leave N(0, 1)? (`ablation.csv`, `affine.csv`, `drift_ablation.png`.) Each setting below trains {last} "
+        f"epoch{'s' * (last != 1)} at {rate}, and the probes measure "
         f"{results.probe_set(cfg)}. Drift, |mean| and std are the population's (layers 2-9, mean over layers at the "
         "last epoch), each a mean over seeds with a 95% t interval; accuracy has a 95% interval on the logit scale; "
         "gamma and beta change is the RMS over units of the change since initialisation, mean over layers and seeds. "

@@ -7,24 +7,23 @@ This module chooses what to time and writes the CSVs; bench_timing.py times (eac
 engine.step.StepClock), bench_report.py prints the tables.
 
 Methods. Every method of `nn.methods.METHODS` (none, batchnorm, batchrenorm, weightnorm,
-layernorm, groupnorm, ws-gn, scaledws, frn, normprop-icml, normprop-arxiv), or the subset asked
-for; the `method` column holds that name. A method's model options (`norm`, NormProp's
-`jacobian`) come from METHODS; NormProp's unit-norm constraint follows every step where `norm`
-is normprop. `ratio_vs_none` and `ratio_vs_batchnorm` divide a method's median by that of none
-and of batchnorm in the same configuration (empty where that method was not timed).
+layernorm, groupnorm, ws-gn, scaledws, frn, evonorm, online, normprop-icml, normprop-arxiv,
+normprop-icml-own-classifier), or the subset asked for; the `method` column holds that name. A
+method's settings (`norm`, NormProp's `jacobian`, scaled WS's gradient clipping) come from
+METHODS; NormProp's unit-norm constraint follows every step where `norm` is normprop.
+`ratio_vs_none` and `ratio_vs_batchnorm` are the median over rounds of a method's step time over
+none's (batchnorm's) in the same round, `_low` and `_high` its distribution-free 95% interval
+(bench_timing.paired_ratio; empty where that method was not timed).
 
 Steps. For each width and batch size the methods are built side by side and stepped in turn,
 the order rotating every round, so that whatever else slows the machine hits all of them alike.
 A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for NormProp,
 the unit-norm constraint, on a batch of digits already normalised and on the device. The figure
 is the median of the timed steps after the warm-up ones; `steps=None` times as many rounds (one
-step of every method each) as fit in `budget_s` seconds per configuration, at least 5 and at most
-200. The budget covers a configuration's rounds, all methods together, so more methods mean fewer
-steps each rather than a longer bench. The default went from 20 s (three methods) to 30 s for the
-11: every method gets 5 to about 20 timed steps at width 1.0, batch 50 and 100 (at batch 100 in
-float32 a round takes longer than budget/5, so the 5 rounds' floor sets the time), 40 or more in
-the other configurations, and the default bench (12 configurations where bfloat16 is native, and
-the epochs below) takes about 10 minutes on an idle 2-core CPU. On the CPU the same steps also
+step of every method each) as fit in `budget_s` seconds per configuration, but at least 100 at
+batch 1 and 30 at other batch sizes (bench_timing.LEAST_STEPS), whatever the number of methods,
+and at most 400: with many methods a configuration's rounds can take longer than the budget, so
+every ratio rests on enough paired steps to carry an interval. On the CPU the same steps also
 say where the time went, by phase: forward (with the loss), backward, optimizer, constraint.
 
 Epochs. Whole epochs through the trainer's own `train_epoch` and `evaluate` on the digits data

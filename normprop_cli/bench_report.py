@@ -15,11 +15,12 @@ def show(table: pd.DataFrame) -> None:
     console = Console(width=max(Console().width, 100))  # the methods' names in full
     first = table.iloc[0]
     t = _table(f"NIN training step, ms (median of the timed steps), {first['device']}, {first['options']}",
-               "width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none", "/ BN")  # fmt: skip
+               "width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none [95% CI]",
+               "/ BN [95% CI]")  # fmt: skip
     for r in table.itertuples():
         t.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method, str(r.steps),
                   f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
-                  f"{r.ratio_vs_none:.3f}", f"{r.ratio_vs_batchnorm:.3f}")  # fmt: skip
+                  ratio(r, "none"), ratio(r, "batchnorm"))  # fmt: skip
     console.print(t)
     phase_cols = [f"{p}_ms_median" for p in PHASES]
     if table[phase_cols].notna().all(axis=None):
@@ -41,6 +42,12 @@ def show(table: pd.DataFrame) -> None:
     console.print(f"flush-to-zero of denormal floats: {'on' if flushed else 'OFF'}; "
                   f"load average {table['load_average'].iloc[-1]:.2f}; "
                   f"threads {table['threads'].iloc[0]}")  # fmt: skip
+
+
+def ratio(row, reference: str) -> str:
+    """'0.912 [0.880, 0.947]': the median paired ratio to the reference and its 95% interval."""
+    mid, low, high = (getattr(row, f"ratio_vs_{reference}{end}") for end in ("", "_low", "_high"))
+    return f"{mid:.3f} [{low:.3f}, {high:.3f}]" if pd.notna(low) else f"{mid:.3f}"
 
 
 def _table(title: str, *columns: str):

@@ -19,8 +19,12 @@ from normprop_cli.engine.step import PHASES, StepClock, StepOptions, make_optimi
 from normprop_cli.nn.methods import METHODS, settings
 
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
-           "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_batchnorm",
+           "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_none_low", "ratio_vs_none_high",
+           "ratio_vs_batchnorm", "ratio_vs_batchnorm_low", "ratio_vs_batchnorm_high",
            *(f"{p}_ms_median" for p in PHASES), "flush_denormal", "load_average", "finite"]  # fmt: skip
+LEAST_STEPS = {1: 100}  # timed steps per method at least, by batch size; 30 at the others
+LEAST_OTHERWISE = 30
+MOST_STEPS = 400
 EPOCH_COLUMNS = ["method", "width", "batch_size", "precision", "device", "epochs", "epoch_s", "train_s",
                  "steps_s", "eval_s", "outside_share", "data_share", "eval_share"]  # fmt: skip
 OPTIONS = tuple(f.name for f in dataclasses.fields(StepOptions))
@@ -88,9 +92,10 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
             losses[m].append(loss)
         order = order[1:] + order[:1]  # rotate: no method is always first after another
         r += 1
-        if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget
+        if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget, the least kept
             per_round = sum(c.steps[-1] for c in clocks.values()) / 1e3
-            rounds = warmup + min(200, max(5, int(budget_s / max(per_round, 1e-6))))
+            least = LEAST_STEPS.get(int(batch_size), LEAST_OTHERWISE)
+            rounds = warmup + max(least, min(MOST_STEPS, int(budget_s / max(per_round, 1e-6))))
     finite = {m: bool(torch.isfinite(torch.stack(v)).all()) for m, v in losses.items()}
     phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
@@ -126,10 +131,27 @@ def _batches(data, cfg, dev, batch_size, count: int = 16):
     return [norm(data.train.x[i]) for i in idx], [data.train.y[i] for i in idx]
 
 
+def paired_ratio(steps: list[float], reference: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The median over rounds of a method's step time over the reference's in the same round, and its
+    distribution-free `level` interval (order statistics of the ratios: the median's binomial interval).
+    Each round steps every method once, in rotating order, so a drift in the machine's speed moves both
+    sides of a round's ratio alike."""
+    from scipy.stats import binom
+
+    ratios = sorted(a / b for a, b in zip(steps, reference, strict=True))
+    n = len(ratios)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    below = int(binom.ppf((1.0 - level) / 2.0, n, 0.5))  # x_(below) .. x_(n + 1 - below), 1-indexed
+    low, high = (ratios[below - 1], ratios[n - below]) if below >= 1 else (float("nan"), float("nan"))
+    return statistics.median(ratios), low, high
+
+
 def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dict]:
-    med = {m: statistics.median(t) for m, t in times.items()}
+    nan3 = (float("nan"),) * 3
     rows = []
     for m, t in times.items():
+        vs = {ref: paired_ratio(t, times[ref]) if ref in times else nan3 for ref in ("none", "batchnorm")}
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
         phase_ms = {f"{p}_ms_median": statistics.median(phases[m][p]) if phases[m].get(p) else float("nan")
                     for p in PHASES}  # fmt: skip
@@ -137,10 +159,10 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
             "method": m, "batch_size": bs, "width": width, "precision": precision,
             "device": devices.describe(dev),
             "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
-            "step_ms_median": med[m],
+            "step_ms_median": statistics.median(t),
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
-            "ratio_vs_none": med[m] / med["none"] if "none" in med else float("nan"),
-            "ratio_vs_batchnorm": med[m] / med["batchnorm"] if "batchnorm" in med else float("nan"),
+            **{f"ratio_vs_{ref}{end}": v for ref, (mid, lo, hi) in vs.items()
+               for end, v in (("", mid), ("_low", lo), ("_high", hi))},
             **phase_ms,
             "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
         })  # fmt: skip

@@ -39,15 +39,44 @@ def test_bench_writes_the_table_it_returns(bench):
     assert phases.notna().all(axis=None) and (phases >= 0).all(axis=None)
 
 
-def test_ratios_are_the_medians_divided(bench):
+def test_ratios_are_paired_by_round_with_an_interval_around_them(bench):
+    """Each ratio is the median of per-round ratios (the reference's own is exactly 1); with 3 timed
+    steps the interval is undefined (a 95% order-statistic interval needs 6), so it is empty."""
     table, _ = bench
     for _, group in table.groupby(["width", "batch_size", "precision"]):
-        med = group.set_index("method")["step_ms_median"]
-        for method, row in group.set_index("method").iterrows():
-            assert row["ratio_vs_none"] == pytest.approx(med[method] / med["none"])
-            assert row["ratio_vs_batchnorm"] == pytest.approx(med[method] / med["batchnorm"])
-        assert group.set_index("method").loc["none", "ratio_vs_none"] == 1.0
+        rows = group.set_index("method")
+        assert rows.loc["none", "ratio_vs_none"] == 1.0 and rows.loc["batchnorm", "ratio_vs_batchnorm"] == 1.0
+        assert (rows["ratio_vs_none"] > 0).all() and rows["ratio_vs_none_low"].isna().all()
         assert (group["step_ms_p10"] <= group["step_ms_median"] + 1e-9).all()
+
+
+def test_a_paired_ratio_is_the_median_of_the_rounds_with_its_binomial_interval():
+    from normprop_cli.bench_timing import paired_ratio
+
+    steps = [2.0 * (1 + 0.01 * k) for k in range(100)]
+    reference = [1.0] * 100
+    mid, low, high = paired_ratio(steps, reference)
+    ratios = sorted(steps)
+    assert mid == pytest.approx((ratios[49] + ratios[50]) / 2)
+    assert (low, high) == (ratios[39], ratios[60])  # n = 100: the 40th and the 61st order statistics
+    drift = [2.0 * 1.5**k for k in range(40)]  # the machine slows down: both sides of every round alike
+    assert paired_ratio(drift, [d / 2 for d in drift]) == (2.0, 2.0, 2.0)
+
+
+def test_every_configuration_times_at_least_the_least_steps(monkeypatch):
+    """Whatever the budget and the number of methods: 100 timed steps at batch 1, 30 otherwise."""
+    from normprop_cli import bench_timing, config
+    from normprop_cli.bench import bench_data
+
+    cpu = torch.device("cpu")
+    cfg = config.load("table1", preset="smoke")
+    data = bench_data(cfg, cpu)
+    monkeypatch.setitem(bench_timing.LEAST_STEPS, 1, 7)  # as many as 100, but fast
+    monkeypatch.setattr(bench_timing, "LEAST_OTHERWISE", 4)
+    for batch, least in ((1, 7), (2, 4)):
+        times, _, _ = bench_timing.step_times(data, cfg, cpu, 0.0625, batch, None, 1, 1e-9, StepOptions(),
+                                              ("none", "batchnorm"))  # fmt: skip
+        assert {len(t) for t in times.values()} == {least}
 
 
 def test_epoch_shares_add_up(bench):

@@ -1,6 +1,7 @@
 """The intervals of the report: `mean_ci`, a Student-t interval for quantities that are not
-proportions (seconds, drift, differences of accuracies in pp), and `proportion_ci`, which stays
-inside [0, 100] for accuracies and errors in %; and how both are written ("88.10 [86.93, 89.27]")."""
+proportions (seconds, drift, differences of accuracies in pp), `proportion_ci`, which stays
+inside [0, 100] for accuracies and errors in %, `welch`, the difference of two groups of
+independent seeds; and how they are written ("88.10 [86.93, 89.27]")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,25 @@ def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
     sd = float(x.std(ddof=1)) if n > 1 else math.nan
     half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
     return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> tuple[float, float, float, float]:
+    """mean(a) - mean(b), its Welch interval at `level` (independent seeds, unequal variances) and the
+    two-sided p-value. Non-finite values are left out; with fewer than 2 on a side the interval and p
+    are NaN; with no spread on either side the interval is the difference itself and p is NaN."""
+    from scipy.special import stdtr, stdtrit
+
+    x, y = _finite(a), _finite(b)
+    diff = float(x.mean() - y.mean()) if len(x) and len(y) else math.nan
+    if len(x) < 2 or len(y) < 2:
+        return diff, math.nan, math.nan, math.nan
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return diff, diff, diff, math.nan
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    se = math.sqrt(vx + vy)
+    half = float(stdtrit(df, 0.5 + level / 2)) * se
+    return diff, diff - half, diff + half, float(2 * stdtr(df, -abs(diff) / se))
 
 
 def proportion_ci(values: Iterable[float], level: float = LEVEL, scale: float = 100.0) -> dict:

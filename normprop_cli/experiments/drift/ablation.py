@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.experiments import results
+from normprop_cli.experiments import intervals, results
 from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
 
 # What a grid entry's `set` can change beside the method: (key, value) -> (name suffix, label, the part of
@@ -79,21 +78,8 @@ def cause(cfg: DictConfig, setting: str) -> str:
 
 
 def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its Welch interval at `level` (independent seeds, unequal variances); NaN
-    ends with fewer than 2 finite values on a side; both sides without spread: the difference itself."""
-    from scipy.special import stdtrit
-
-    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
-    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
-    diff = float(a.mean() - b.mean()) if len(a) and len(b) else math.nan
-    if len(a) < 2 or len(b) < 2:
-        return diff, math.nan, math.nan
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    if va + vb == 0:
-        return diff, diff, diff
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stdtrit(df, 0.5 + level / 2)) * math.sqrt(va + vb)
-    return diff, diff - half, diff + half
+    """mean(a) - mean(b) and its Welch interval at `level` (intervals.welch without the p-value)."""
+    return intervals.welch(a, b, level)[:3]
 
 
 def reading(diff: float, low: float, high: float) -> str:

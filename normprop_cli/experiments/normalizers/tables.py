@@ -4,13 +4,11 @@ from the reference method with a Bonferroni-corrected Welch interval, drift and 
 from __future__ import annotations
 
 import math
-import warnings
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import results
+from normprop_cli.experiments import intervals, results
 
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
 TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "final_acc", "final_low",
@@ -54,20 +52,13 @@ def best_val_test_acc(runs: pd.DataFrame) -> float:
 
 
 def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float, float]:
-    """mean(a) - mean(b), its Welch interval at `level` (independent runs, unequal variances), kept
-    within [-100, 100] (a difference of two accuracies in %), and the two-sided p-value."""
-    from scipy import stats
-
-    a = np.asarray([v for v in a if math.isfinite(v)], dtype=float)
-    b = np.asarray([v for v in b if math.isfinite(v)], dtype=float)
-    diff = float(a.mean() - b.mean()) if len(a) and len(b) else math.nan
-    if len(a) < 2 or len(b) < 2 or (a.std() == 0 and b.std() == 0):
+    """mean(a) - mean(b), its Welch interval at `level` (intervals.welch) kept within [-100, 100] (a
+    difference of two accuracies in %), and the two-sided p-value; no interval where neither side
+    has a spread (near-identical accuracies say nothing about a difference)."""
+    diff, low, high, p = intervals.welch(a, b, level)
+    if low == high:
         return diff, math.nan, math.nan, math.nan
-    with warnings.catch_warnings():  # near-identical accuracies: scipy warns of precision, the interval stands
-        warnings.simplefilter("ignore", RuntimeWarning)
-        test = stats.ttest_ind(a, b, equal_var=False)
-        ci = test.confidence_interval(level)
-    return diff, max(float(ci.low), -100.0), min(float(ci.high), 100.0), float(test.pvalue)
+    return diff, max(low, -100.0), min(high, 100.0), p
 
 
 def comparisons(summary: pd.DataFrame, reference: str) -> int:

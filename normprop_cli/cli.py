@@ -42,11 +42,17 @@ def user_errors(command):
 @app.command("list")
 @user_errors
 def list_() -> None:
-    """Experiments, data sets and presets, one line each."""
+    """Experiments, data sets, presets and normalisation methods, one line each."""
+    from normprop_cli.nn.methods import METHODS
+
     for group in ("experiment", "dataset", "preset"):
         typer.echo(f"{group}s:")
         for name in config.options(group):
             typer.echo(f"  {name:<16} {config.describe(group, name)}")
+    typer.echo("methods (experiment.methods, normprop bench --methods):")
+    for name, method in METHODS.items():
+        sets = ", ".join(f"{k}={v}" for k, v in method.settings.items())
+        typer.echo(f"  {name:<16} {method.label}: {sets}")
 
 
 @app.command()
@@ -75,11 +81,11 @@ def info(data_dir: Annotated[Path, typer.Option(help="Where data sets are looked
 
 
 def compose(experiment, preset, dataset, overrides, **settings):
-    from normprop_cli.experiments import RUNNERS
+    from normprop_cli.experiments import EXPERIMENTS, grid
 
-    cfg = config.load(experiment, preset=preset, dataset=dataset, overrides=overrides or [], **settings)
-    if experiment not in RUNNERS:
-        raise UserError(f"experiment '{experiment}' has a config but no runner yet; runnable: {', '.join(RUNNERS)}")
+    cfg = grid.load(experiment, preset=preset, dataset=dataset, overrides=overrides or [], **settings)
+    if experiment not in EXPERIMENTS:
+        raise UserError(f"experiment '{experiment}' has a config but no runner yet; runnable: {', '.join(EXPERIMENTS)}")
     return cfg
 
 
@@ -106,7 +112,7 @@ def run(
     ] = None,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
-    from normprop_cli.experiments import runner
+    from normprop_cli.experiments import EXPERIMENTS
 
     if seeds is not None and seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
@@ -129,7 +135,7 @@ def run(
         launcher=launcher,
     )
     start = time.time()
-    out = runner(experiment).run(cfg)
+    out = EXPERIMENTS[experiment].run(cfg)
     typer.echo(f"wrote {out}")
     for figure in figures(out, start):
         typer.echo(f"wrote {figure}")
@@ -204,10 +210,10 @@ def plot(
     results_dir: ResultsDir = None,
 ) -> None:
     """Redraw an experiment's figures from its CSVs alone: no model, no training."""
-    from normprop_cli.experiments import runner
+    from normprop_cli.experiments import EXPERIMENTS
 
     cfg = compose(experiment, preset, dataset, [], results_dir=results_dir)
-    for path in runner(experiment).plot(cfg):
+    for path in EXPERIMENTS[experiment].plot(cfg):
         typer.echo(f"wrote {path}")
 
 
@@ -217,7 +223,7 @@ def report(preset: Preset = None, results_dir: ResultsDir = None) -> None:
     """Write REPORT.md in the results directory (the preset's: results/ for quick) from the CSVs and figures there."""
     from normprop_cli.report import write_report
 
-    typer.echo(f"wrote {write_report(results_dir or Path(config.load('theory', preset=preset).results_dir))}")
+    typer.echo(f"wrote {write_report(results_dir or Path(config.root(preset).results_dir))}")
 
 
 @app.command("reproduce-all")
@@ -233,18 +239,18 @@ def reproduce_all(
 ) -> None:
     """Every experiment in the paper's order (theory first), or those the preset lists
     (preset.experiments), then the figures and the report."""
-    from normprop_cli.experiments import RUNNERS, runner
+    from normprop_cli.experiments import EXPERIMENTS
     from normprop_cli.report import write_report
 
     start = time.perf_counter()
     cfg = None
-    listed = compose("theory", preset, None, []).preset.get("experiments")  # a preset may name its own
-    for experiment in listed or RUNNERS:
+    listed = config.root(preset).preset.get("experiments")  # a preset may name its own
+    for experiment in listed or EXPERIMENTS:
         typer.echo(f"== {experiment}", err=True)
         cfg = compose(
             experiment,
             preset,
-            None if experiment == "theory" else dataset,
+            dataset if EXPERIMENTS[experiment].trains else None,
             [],
             device=device,
             data_dir=data_dir,
@@ -252,7 +258,7 @@ def reproduce_all(
             download=download or None,
             quiet=quiet or None,
         )
-        typer.echo(f"wrote {runner(experiment).run(cfg)}")
+        typer.echo(f"wrote {EXPERIMENTS[experiment].run(cfg)}")
     results = Path(cfg.results_dir)
     typer.echo(f"wrote {write_report(results)}")
     if above := enclosing(results):
@@ -316,7 +322,7 @@ def gpu_check(
     results_dir: Annotated[Path, typer.Option(help="Where results go (bench/gpu/ in it).")] = Path("results"),
 ) -> None:
     """On a CUDA GPU: the CUDA tests, every method's step timed, a CIFAR-10 epoch; results/bench/gpu/."""
-    from normprop_cli.gpu_check import run_gpu_check
+    from normprop_cli.bench.gpu_check import run_gpu_check
 
     names = parse_methods(methods)
     if budget <= 0:

@@ -16,8 +16,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normprop_cli.errors import UserError, first_line
 
-GROUPS = ("experiment", "dataset", "model", "preset")
-
 
 def conf_dir() -> Path:
     """`conf/` as shipped in the wheel (normprop_cli/conf) or beside the package in a checkout."""
@@ -65,6 +63,14 @@ def check_choice(group: str, name: str) -> None:
         raise UserError(f"unknown {group} '{name}'; known: {', '.join(known)}")
 
 
+def root(preset: str | None = None) -> DictConfig:
+    """The root config under a preset, no experiment chosen: the preset's own keys
+    (`preset.experiments`) and its results directory."""
+    if preset is not None:
+        check_choice("preset", preset)
+    return _compose([f"preset={preset}"] if preset is not None else [])
+
+
 def load(
     experiment: str,
     preset: str | None = None,
@@ -76,9 +82,22 @@ def load(
 
     `settings` are the command's options (seeds=3, device='cpu', ...); None means not given.
     Trailing `overrides` win over everything, as on Hydra's own command line; each is checked
-    against the type of the value it replaces, and one that sets a key of the experiment's grid
-    is applied to every run of the grid (HONOURED) or refused (`grid_overrides`).
+    against the type of the value it replaces. The experiment's grid is as its YAML gives it:
+    `experiments.grid.load` builds the grids that are built from a list of methods and applies
+    the overrides that set a grid key.
     """
+    return compose_checked(experiment, preset, dataset, overrides, **settings)[0]
+
+
+def compose_checked(
+    experiment: str,
+    preset: str | None = None,
+    dataset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    **settings,
+) -> tuple[DictConfig, list[Override]]:
+    """`load`'s config, and the trailing overrides parsed (what `experiments.grid` checks against the
+    grid)."""
     check_choice("experiment", experiment)
     given = [f"experiment={experiment}"]
     for group, name in (("preset", preset), ("dataset", dataset)):
@@ -87,7 +106,7 @@ def load(
             given.append(f"{group}={name}")
     for key, value in settings.items():
         if value is not None:
-            given.append(f"{key}={_override_value(value)}")
+            given.append(f"{key}={override_value(value)}")
     user = _parse(list(overrides))
     defaults = _compose(given) if user else None
     try:
@@ -97,10 +116,7 @@ def load(
         raise
     if user:
         check_types(defaults, cfg, user)
-    if cfg.experiment.get("methods") is not None and not cfg.get("grid"):
-        cfg.grid = method_grid(cfg.experiment)
-    grid_overrides(cfg, user)
-    return cfg
+    return cfg, user
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -197,78 +213,10 @@ def check_types(defaults: DictConfig, cfg: DictConfig, user: list[Override]) -> 
             fits = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not fits:
             raise UserError(f"{key}={o.input_line.split('=', 1)[-1]} is not {KINDS[kind]}, as {key} must be "
-                            f"(its default is {_override_value(default)})")  # fmt: skip
+                            f"(its default is {override_value(default)})")  # fmt: skip
 
 
-# Grid keys that an override replaces in every run: the learning rate of a grid that fixes one per
-# setting. Any other grid key (model.norm, train.batch_size, ...) is what the experiment compares,
-# and an override of it is refused; so is train.lr where a validation sweep chooses it.
-HONOURED = ("train.lr",)
-
-
-def grid_overrides(cfg: DictConfig, user: list[Override]) -> None:
-    """Apply the overrides of HONOURED grid keys to every run of cfg.grid; refuse those of other
-    grid keys, naming the key and where the grid is defined."""
-    grid = cfg.get("grid") or []
-    name = cfg.experiment.name
-    for o in user:
-        key = o.key_or_group
-        clash = sorted({k for e in grid for k in (e.get("set") or {}) if k == key or
-                        k.startswith(f"{key}.") or key.startswith(f"{k}.")})  # fmt: skip
-        if not clash:
-            continue
-        if key in HONOURED and cfg.experiment.get("lr_sweep") is None and not o.is_delete():
-            for entry in grid:
-                if key in (entry.get("set") or {}):
-                    entry.set[key] = OmegaConf.select(cfg, key)
-            continue
-        why = (
-            f"{name}'s validation sweep chooses it per setting (experiment.lr_sweep)"
-            if key == "train.lr" and cfg.experiment.get("lr_sweep") is not None
-            else f"the {name} grid sets {', '.join(clash)} per setting, as what it compares"
-        )
-        where = (
-            "choose the grid with experiment.methods=[...], experiment.batch_sizes=[...], experiment.lr=[...] and "
-            "experiment.epochs=[...]"
-            if cfg.experiment.get("methods") is not None
-            else f"change the grid in conf/experiment/{name}.yaml (or its preset file)"
-        )
-        raise UserError(f"{key} cannot be overridden: {why}; {where} (`normprop config {name}` shows every run)")
-
-
-def method_grid(experiment: DictConfig) -> list[dict]:
-    """The grid of an experiment that compares `methods` (nn.methods.METHODS) at `batch_sizes`: one
-    setting <method>-b<batch size> each, at the rate `lr[i]` of its batch size times the method's
-    `lr_scale` (default 1), the centre of its learning-rate sweep. Optional `epochs` and
-    `lr_halve_every`, one per batch size, set those per batch size (a batch of 50 takes 1/50 of the
-    updates of a batch of 1 per epoch); else every setting trains train.epochs."""
-    from normprop_cli.nn.methods import METHODS, settings
-
-    methods, sizes, rates = list(experiment.methods), list(experiment.batch_sizes), list(experiment.lr)
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise UserError(
-            f"experiment.methods: {', '.join(map(str, unknown))} not known; use some of {', '.join(METHODS)}"
-        )
-    per_size = {"lr": rates} | {k: list(experiment[k]) for k in ("epochs", "lr_halve_every") if experiment.get(k)}
-    for key, values in per_size.items():
-        if len(values) != len(sizes) or not sizes:
-            raise UserError(
-                f"experiment.{key} gives {len(values)} values for {len(sizes)} batch sizes ({sizes}); give one per "
-                "batch size"
-            )
-    scale = experiment.get("lr_scale") or {}
-    grid = []
-    for i, bs in enumerate(sizes):
-        schedule = {f"train.{k}": int(per_size[k][i]) for k in ("epochs", "lr_halve_every") if k in per_size}
-        for m in methods:
-            lr = float(f"{float(rates[i]) * float(scale.get(m, 1.0)):.6g}")
-            grid.append({"id": f"{m}-b{int(bs)}",
-                         "set": settings(m) | {"train.batch_size": int(bs), "train.lr": lr} | schedule})  # fmt: skip
-    return grid
-
-
-def _override_value(value) -> str:
+def override_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (str, Path)):

@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config, hints, io, smoke, verdicts
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import RUNNERS, runner
+from normprop_cli.experiments import EXPERIMENTS, grid
 from normprop_cli.experiments.plateau import plateau_section
-from normprop_cli.experiments.results import format_ci
+from normprop_cli.statistics import format_ci, markdown
 from normprop_cli.verdicts import provenance, result_dirs
 from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F401 (augmentation: report's API)
 
@@ -37,7 +37,7 @@ def results_trees(results: Path) -> list[Path]:
     nested = [
         d
         for d in sorted(results.iterdir() if results.is_dir() else [])
-        if d.is_dir() and d.name not in RUNNERS and any(result_dirs(d, e) for e in RUNNERS)
+        if d.is_dir() and d.name not in EXPERIMENTS and any(result_dirs(d, e) for e in EXPERIMENTS)
     ]
     return [results, *nested]
 
@@ -70,7 +70,8 @@ class Tree:
 
     def datasets(self) -> list[str]:
         """The data sets its trained experiments ran on."""
-        trained = self.frame[(self.frame["experiment"] != "theory") & ~self.frame["verdict"].isin(UNMEASURED)]
+        trains = self.frame["experiment"].map(lambda e: e in EXPERIMENTS and EXPERIMENTS[e].trains)
+        trained = self.frame[trains & ~self.frame["verdict"].isin(UNMEASURED)]
         return sorted(d for d in trained["dataset"].dropna().unique() if d)
 
 
@@ -129,12 +130,11 @@ def claims_cell(rows: list[dict], unit: str) -> str:
 def summary_table(trees: list[Tree], root: Path) -> list[str]:
     """The first table of REPORT.md: a row per claim, a column per tree (preset)."""
     names = column_names(trees, root)
-    lines = ["| claim | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     rows = [t.rows() for t in trees]
-    for c in verdicts.claims():
-        cells = [claims_cell([r for r in tree_rows if r["claim"] == c.id], c.unit) for tree_rows in rows]
-        lines.append(f"| {c.id}: {c.claim} ({c.source}) | " + " | ".join(cells) + " |")
-    return lines + [""]
+    table = [[f"{c.id}: {c.claim} ({c.source})",
+              *(claims_cell([r for r in tree_rows if r["claim"] == c.id], c.unit) for tree_rows in rows)]
+             for c in verdicts.claims()]  # fmt: skip
+    return markdown(["claim", *names], table) + [""]
 
 
 def conclusive(trees: list[Tree], claim_id: str) -> list[tuple[str, str, str]]:
@@ -182,11 +182,7 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
     """claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test |
     budget, and the notes."""
     claims = {c.id: c for c in verdicts.claims()}
-    lines = [
-        "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test | budget |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    notes = []
+    table, notes = [], []
     for row in Tree(Path(), frame).rows():
         c = claims[row["claim"]]
         measured = row["verdict"] not in UNMEASURED
@@ -200,12 +196,22 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
             row["test"] or "—",
             row["budget"] or "—",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells)
         parts = [f"Metric: {row['metric']}" if row["metric"] else "", f"Note: {row['note']}" if row["note"] else ""]
         if any(parts):
             where = f" ({row['dataset']})" if row["dataset"] else ""
             notes.append(f"- **{c.id}**{where}. " + ". ".join(p for p in parts if p) + ".")
-    return lines + [""] + notes + [""]
+    head = [
+        "claim",
+        "verdict",
+        "effect [interval]",
+        "n seeds",
+        "kind, level: threshold",
+        "halves a / b",
+        "test",
+        "budget",
+    ]
+    return markdown(head, table) + [""] + notes + [""]
 
 
 BY_EPOCH = re.compile(r"the effect after each epoch \(mean over seeds\): ([^;]*)")
@@ -271,11 +277,11 @@ def section(experiment: str, results: Path, root: Path | None = None, preset: st
     if not dirs:
         command = hints.command("run", experiment, preset=preset, results_dir=results)
         return lines + [f"**Missing**: not run yet. `{command}` produces it.", ""]
-    module = runner(experiment)
+    module = EXPERIMENTS[experiment]
     for directory in dirs:
         prov = provenance(directory)
-        dataset = prov.get("dataset", directory.name if experiment != "theory" else None)
-        cfg = config.load(
+        dataset = prov.get("dataset", directory.name if module.trains else None)
+        cfg = grid.load(
             experiment,
             preset=prov.get("preset") if prov.get("preset") in config.options("preset") else None,
             dataset=dataset if dataset in config.options("dataset") else None,
@@ -295,14 +301,13 @@ def section(experiment: str, results: Path, root: Path | None = None, preset: st
             rows = []
             lines += [f"Headline numbers unavailable: {exc}", ""]
         if rows:
-            lines += ["| quantity | reproduced | paper |", "| --- | --- | --- |"]
-            lines += [f"| {r['quantity']} | {_fmt(r['reproduced'])} | {_fmt(r.get('paper', ''))} |" for r in rows]
+            cells = [[r["quantity"], _fmt(r["reproduced"]), _fmt(r.get("paper", ""))] for r in rows]
+            lines += markdown(["quantity", "reproduced", "paper"], cells)
             lines.append("")
-        if hasattr(module, "paragraphs"):
-            try:
-                lines += [p for text in module.paragraphs(cfg) for p in (text, "")]
-            except UserError as exc:
-                lines += [f"Findings unavailable: {exc}", ""]
+        try:
+            lines += [p for text in module.paragraphs(cfg) for p in (text, "")]
+        except UserError as exc:
+            lines += [f"Findings unavailable: {exc}", ""]
         for sentence in departures(experiment, prov, directory):
             lines.append(f"- {sentence}")
         lines.append("")
@@ -318,13 +323,13 @@ def _fmt(value) -> str:
 def preset_experiments(preset: str) -> list[str]:
     """The experiments a preset runs: its own list (preset.experiments), or every one."""
     if preset not in config.options("preset"):
-        return list(RUNNERS)
-    return list(config.load("theory", preset=preset).preset.get("experiments") or RUNNERS)
+        return list(EXPERIMENTS)
+    return list(config.root(preset).preset.get("experiments") or EXPERIMENTS)
 
 
 def experiments(tree: Path, root: Path, preset: str = "") -> list[str]:
     """Every experiment's section of one tree (of those its preset runs), the missing ones named first."""
-    names = [e for e in RUNNERS if e in preset_experiments(preset)]
+    names = [e for e in EXPERIMENTS if e in preset_experiments(preset)]
     missing = [e for e in names if not result_dirs(tree, e)]
     lines = [f"Missing experiments: {', '.join(missing)}.", ""] if missing else []
     for experiment in names:

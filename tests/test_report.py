@@ -1,13 +1,14 @@
 """`normprop report`: the verdicts first, then every experiment listed, figures and headline numbers
 beside the paper's, for the results tree and any nested one (results/cpu/)."""
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from normprop_cli import report, smoke, verdicts
-from normprop_cli.experiments import RUNNERS, table1
+from normprop_cli.experiments import EXPERIMENTS
 from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
 
 TABLE_HEAD = "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test | budget |"
@@ -21,7 +22,7 @@ def test_report_renders_with_experiments_missing_and_names_them(cli):
     result = cli("report", "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     report_md = (cli.results / "REPORT.md").read_text()
-    missing = [e for e in RUNNERS if e != "table1"]
+    missing = [e for e in EXPERIMENTS if e != "table1"]
     assert f"Missing experiments: {', '.join(missing)}." in report_md
     for experiment in missing:  # the command that fills the gap, with the tree's preset and results directory
         assert f"`normprop run {experiment} --preset smoke --results-dir {cli.results}` produces it" in report_md
@@ -40,7 +41,8 @@ def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, monkey
         == 0
     )
     shutil.copytree(cli.results / "table1", cli.results / "cpu" / "table1")  # a second tree, one level down
-    monkeypatch.setattr(table1, "paragraphs", lambda cfg: ["A finding in words."], raising=False)
+    found = dataclasses.replace(EXPERIMENTS["table1"], paragraphs=lambda cfg: ["A finding in words."])
+    monkeypatch.setitem(EXPERIMENTS, "table1", found)
     assert cli("report", "--results-dir", cli.results).exit_code == 0
     text = (cli.results / "REPORT.md").read_text()
     lines = text.splitlines()
@@ -91,7 +93,7 @@ def test_report_of_an_empty_results_directory_lists_everything_missing(cli):
     result = cli("report", "--results-dir", cli.results)
     assert result.exit_code == 0
     text = (cli.results / "REPORT.md").read_text()
-    assert f"Missing experiments: {', '.join(RUNNERS)}." in text
+    assert f"Missing experiments: {', '.join(EXPERIMENTS)}." in text
     assert "## Verdicts" in text and text.count("| **not measured** |") == 8
 
 

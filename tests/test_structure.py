@@ -108,3 +108,63 @@ def test_nn_and_data_import_nothing_else_of_the_package():
 def test_no_module_is_over_400_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+# The floors of the package, top to bottom: a module imports only from its own floor's package or
+# from floors below it (import-linter's layers contract, checked here on the same import graph).
+FLOORS = (
+    ("normprop_cli.__main__",),
+    ("normprop_cli.cli",),
+    ("normprop_cli.report",),
+    ("normprop_cli.smoke", "normprop_cli.experiments", "normprop_cli.bench"),
+    ("normprop_cli.status", "normprop_cli.verdicts"),
+    ("normprop_cli.engine",),
+    ("normprop_cli.hints",),
+    ("normprop_cli.config", "normprop_cli.io", "normprop_cli.device"),
+    ("normprop_cli.nn", "normprop_cli.data", "normprop_cli.statistics", "normprop_cli.outcomes", "normprop_cli.errors"),
+)
+
+
+def place(module: str) -> tuple[int, str] | None:
+    """(floor, the package of FLOORS it belongs to), None for the package's face."""
+    for floor, names in enumerate(FLOORS):
+        for name in names:
+            if module == name or module.startswith(f"{name}."):
+                return floor, name
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) where the imported module stands on a higher floor, or on the same floor
+    in another package."""
+    wrong = []
+    for module, targets in graph.items():
+        here = place(module)
+        for target in targets:
+            there = place(target)
+            if here and there and (there[0] < here[0] or (there[0] == here[0] and there[1] != here[1])):
+                wrong.append((module, target))
+    return sorted(wrong)
+
+
+def test_every_module_stands_on_a_floor():
+    assert [m for m in package_graph() if m != "normprop_cli" and place(m) is None] == []
+
+
+def test_no_import_runs_back_up_a_floor():
+    assert upward_imports(package_graph()) == []
+
+
+def test_statistics_stand_below_the_experiments_and_the_verdicts():
+    assert place("normprop_cli.statistics")[0] > place("normprop_cli.experiments.results")[0]
+    assert place("normprop_cli.statistics")[0] > place("normprop_cli.verdicts.rule")[0]
+    graph = package_graph()
+    assert all(t.startswith(("normprop_cli.errors",)) for t in graph["normprop_cli.statistics"])
+
+
+def test_the_floor_check_finds_an_import_that_runs_back_up():
+    graph = {
+        "normprop_cli.verdicts.measures": {"normprop_cli.experiments.results"},
+        "normprop_cli.cli": {"normprop_cli.nn"},
+    }
+    assert upward_imports(graph) == [("normprop_cli.verdicts.measures", "normprop_cli.experiments.results")]

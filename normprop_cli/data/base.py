@@ -62,10 +62,6 @@ class Dataset:
         moved = {s: getattr(self, s).to(device, non_blocking) for s in ("train", "val", "test")}
         return replace(self, **moved)
 
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.train.x.shape[1:])
-
 
 # ---------------------------------------------------------------------------
 # files on disk and the one-line errors about them

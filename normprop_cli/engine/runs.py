@@ -26,7 +26,7 @@ PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest: what a dama
 FINISHED = ("complete", "diverged")
 DAMAGED = "damaged"  # the status read_manifest gives a manifest.json that cannot be read
 # Keys of a run's config that say what is computed; the rest (device, paths, ...) may change on resume.
-RUN_KEYS = ("experiment", "run", "seed", "dataset", "model", "train")
+RUN_KEYS = ("experiment", "run", "seed", "method", "dataset", "model", "train")
 METRIC_COLUMNS = [
     "epoch",
     "lr",

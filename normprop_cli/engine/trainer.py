@@ -45,6 +45,8 @@ from normprop_cli.engine.runs import (
 )
 from normprop_cli.engine.step import StepOptions, make_optimizer, make_step, set_lr
 from normprop_cli.nn import NIN
+from normprop_cli.nn.layers import has_normprop_layers
+from normprop_cli.nn.methods import method_of
 from normprop_cli.nn.nin import NINConfig
 from normprop_cli.nn.normalizers import renorm_in_steps
 
@@ -174,7 +176,7 @@ def _train_locked(
         "experiment": cfg.experiment.name,
         "dataset": cfg.dataset.name,
         "preset": cfg.preset.name,
-        "method": cfg.model.norm,
+        "method": cfg.get("method") or method_of(cfg.model),
         "seed": spec.seed,
         "status": "running",
         "epochs": int(t.epochs),
@@ -232,7 +234,7 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Se
             model.initialize(data_norm(to_float(data.train.x[pick])))
         data_norm.load_state_dict(saved)
     optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device, t.get("decay", "all"))
-    step = make_step(model, data_norm, optimizer, cfg.model.norm == "normprop", options, t.get("agc"))
+    step = make_step(model, data_norm, optimizer, has_normprop_layers(model), options, t.get("agc"))
     return Run(
         model=model,
         data_norm=data_norm,

@@ -11,7 +11,7 @@ output at mean 0 and std 1, or, where the Jacobian factor f divides (ICML), at `
 
 epochs.csv       every run's metrics, one row per run and epoch, with its activation
 curves.csv       method, activation, epoch, n, diverged, mean, sd, ci_low, ci_high: test accuracy (%)
-                 over the seeds that did not diverge (95% interval: results.proportion_ci)
+                 over the seeds that did not diverge (95% interval: statistics.proportion_ci)
 population.csv   every run's population rows (probes.POPULATION_COLUMNS), with run, setting, method,
                  seed, activation
 layer_stats.csv  LAYER_COLUMNS: per method, activation, layer and epoch, the mean over seeds of the
@@ -34,8 +34,10 @@ import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from omegaconf import DictConfig
 
+from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.probes import PopulationProbe
 from normprop_cli.nn import ACTIVATIONS, activation_stats
 from normprop_cli.nn.stats import quadrature_stats
@@ -70,18 +72,6 @@ def activation_of(spec) -> dict:
     return {"activation": spec.cfg.model.activation}
 
 
-def run(cfg: DictConfig) -> Path:
-    specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
-    epochs = results.gather(specs, columns={"activation": "model.activation"})
-    population = results.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
-    results.write(cfg, "population", population)
-    results.write(cfg, "layer_stats", layer_stats(population))
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
-    plot(cfg)
-    return out
-
-
 def layer_stats(population: pd.DataFrame) -> pd.DataFrame:
     """Per method, activation, layer and epoch: n seeds and the mean over them of the population's
     average |mean|, average std and average drift."""
@@ -107,7 +97,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     """Left: final test accuracy per activation, NormProp vs BatchNorm, the mean over seeds with its 95%
     interval and each seed as a dot. Middle and right: NormProp's average std and average |mean| of
     every hidden layer's input, at initialisation (dashed) and after the last epoch (solid)."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     curve, summary = results.read_curves(cfg, KEYS), results.read(cfg, "summary")
     stats = results.read(cfg, "layer_stats")
     order = _activations(summary)
@@ -158,9 +148,9 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_ylabel(label + " (standard units)")
         ax.set_title(f"NormProp: {label}", fontsize=9)
         ax.legend(frameon=False, fontsize=7, ncol=2, loc="best")
-    fig.suptitle(results.title(cfg, "Section 4.6: NormProp with each activation's own constants"), fontsize=10)
+    fig.suptitle(plots.title(cfg, "Section 4.6: NormProp with each activation's own constants"), fontsize=10)
     fig.tight_layout()
-    return results.save(fig, cfg, "activations")
+    return plots.save(fig, cfg, "activations")
 
 
 def _activations(frame: pd.DataFrame) -> list[str]:
@@ -176,7 +166,7 @@ def _name(activation: str) -> str:
 
 
 def _ci(values, digits: int = 2) -> str:
-    return results.format_mean_ci(results.mean_ci(values), digits)
+    return statistics.format_mean_ci(statistics.mean_ci(values), digits)
 
 
 def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
@@ -203,7 +193,7 @@ def _layers(stats: pd.DataFrame, method: str, activation: str) -> dict | None:
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Per activation: each method's final accuracy (95% interval over the seeds that did not diverge,
-    results.proportion_ci; the diverged counted beside it) and NormProp minus BatchNorm paired by seed
+    statistics.proportion_ci; the diverged counted beside it) and NormProp minus BatchNorm paired by seed
     (a t interval, C8's measure); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
     and after training; the worst activation per seed (C8's effect); the runs that did not learn."""
     summary, curve = results.read(cfg, "summary"), results.read_curves(cfg, KEYS)
@@ -222,7 +212,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                         "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
                         f"{results.method_label(method)}, {_name(activation)}",
                         "reproduced": results.with_diverged(
-                            results.format_mean_ci(c),
+                            statistics.format_mean_ci(c),
                             summary[(summary["method"] == method) & (summary["activation"] == activation)],
                         ),
                         "paper": "",
@@ -315,13 +305,13 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             for a, g in gaps.groupby("activation", sort=False)
         )
         where = ", ".join(f"{_name(a)} in {n}" for a, n in worst["activation"].value_counts().items())
-        ci = results.mean_ci(worst["relative"])
+        ci = statistics.mean_ci(worst["relative"])
         texts.append(
             f"Final test accuracy (%) after {epochs} epochs, NormProp vs BatchNorm with the same activation, and "
             f"the difference paired by seed with its 95% interval: {per}. With ReLU that difference is C5's "
             "question; C8 asks what leaving ReLU costs NormProp beyond it: per seed, each other activation's "
             "difference minus ReLU's, and of those the smallest "
-            f"({where} of {len(worst)} seeds): {results.format_mean_ci(ci)} pp, "
+            f"({where} of {len(worst)} seeds): {statistics.format_mean_ci(ci)} pp, "
             f"{_against_margin(ci, 100.0 - gaps.loc[gaps['activation'] == REFERENCE, 'batchnorm'].mean())}. "
             "That is C8's effect; its verdict, with the halves rule, is in "
             "the table at the top."
@@ -361,3 +351,22 @@ def _against_margin(ci: dict, reference: float) -> str:
     if side:
         return f"the whole interval lies {side} -{margin:.2f} pp, C8's margin"
     return f"the interval straddles -{margin:.2f} pp, C8's margin"
+
+
+@experiment(
+    "activations",
+    section="section 4.6 (no experiment in the paper)",
+    plot=plot,
+    headlines=headlines,
+    paragraphs=paragraphs,
+)
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
+    epochs = results.gather(specs, columns={"activation": "model.activation"})
+    population = results.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
+    results.write(cfg, "population", population)
+    results.write(cfg, "layer_stats", layer_stats(population))
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
+    plot(cfg)
+    return out

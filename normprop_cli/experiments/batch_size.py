@@ -10,7 +10,7 @@ small sweep on the validation split: each setting's YAML rate times `experiment.
 lr_sweep.csv  setting, method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen
 epochs.csv   every run's metrics, one row per run and epoch, with `updates` (SGD steps so far)
 curves.csv   setting, method, batch_size, initial_lr, label, epoch, updates, n, mean, sd, ci_low,
-             ci_high, diverged: test accuracy (%) over seeds with its 95% interval (results.proportion_ci)
+             ci_high, diverged: test accuracy (%) over seeds with its 95% interval (statistics.proportion_ci)
 summary.csv  one row per run: engine columns + batch_size, initial_lr, data_norm, label, updates,
              final_test_acc, best_test_acc
 batch_size.png/.pdf  test accuracy vs epoch (the paper) and vs SGD updates, per batch size: mean over seeds, 95%
@@ -23,12 +23,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normprop_cli import outcomes, statistics
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.trainer import epoch_steps
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
-from normprop_cli.experiments.results import learned_flags
+from normprop_cli.outcomes import learned_flags
 
 KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
 BN_NOTE = "the paper: BN not applicable"
@@ -48,29 +50,6 @@ def spec_label(spec) -> str:
     return label(spec.cfg.model.norm, t.batch_size, t.lr, t.get("max_steps"))
 
 
-def run(cfg: DictConfig) -> Path:
-    cfg = with_rates(cfg, choose_rates(cfg))
-    specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
-    per_epoch = {
-        spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
-    }
-    if len(epochs):
-        epochs.insert(6, "label", epochs["run"].map({spec.name: spec_label(spec) for spec in specs}))
-        epochs.insert(7, "updates", epochs["epoch"] * epochs["run"].map(per_epoch))
-
-    def columns(spec):
-        t = spec.cfg.train
-        return {"batch_size": t.batch_size, "initial_lr": t.lr, "data_norm": t.data_norm,
-                "label": spec_label(spec),
-                "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
-
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
-    plot(cfg)
-    return out
-
-
 def updates_per_epoch(manifest: dict | None, cfg: DictConfig) -> int:
     """SGD steps per epoch: the training split's size (from the run's manifest) over the batch size, or
     train.max_steps where that is fewer."""
@@ -84,29 +63,29 @@ def plot(cfg: DictConfig) -> list[Path]:
     the seeds behind each mean and the interval's meaning in the title. Chance is a labelled line where
     a setting did not learn or chance lies in view, and each setting that did not learn is named in a
     note below the figure (not_learned_notes)."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     curve = results.read_curves(cfg, KEYS, carry=["updates"])
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, method, batch_size, _, text), c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
+    for ((_, method, batch_size, _, text), c), dodge in zip(groups, plots.dodges(len(groups)), strict=True):
         if method == "normprop":
             style = {"color": f"C{normprop_sizes.index(batch_size)}"} | ({"linestyle": ":"} if CAPPED in text else {})
         else:
             style = {"color": "0.4", "linestyle": "--", "marker": "x"}
-        results.plot_curve(axes[0], c, text, dodge=dodge, **style)
+        plots.plot_curve(axes[0], c, text, dodge=dodge, **style)
         if "updates" in c:
-            results.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
+            plots.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
     notes = not_learned_notes(cfg)
     chance = results.chance(cfg)
     if notes or axes[0].get_ylim()[0] <= chance:
         for ax in axes:
             ax.axhline(chance, color="k", linewidth=0.8, linestyle=":", label=f"chance ({chance:g}%)")
-    results.accuracy_axes(axes[0], cfg, "")
+    plots.accuracy_axes(axes[0], cfg, "")
     axes[0].set_title("against epochs (the paper's axis)", fontsize=10)  # the data set and preset: in the suptitle
     fig.suptitle(
-        results.title(cfg, "Fig. 4: test accuracy by batch size, NormProp (global data norm)")
+        plots.title(cfg, "Fig. 4: test accuracy by batch size, NormProp (global data norm)")
         + f"\neach point: mean of {seed_count(curve)}; error bars: 95% interval of the mean",
         fontsize=10,
     )
@@ -120,7 +99,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         fig.canvas.draw()  # where the legend below the left panel ends: the note goes under it
         below = axes[0].get_legend().get_window_extent().transformed(fig.transFigure.inverted()).y0
         fig.text(0.02, below - 0.02, "\n".join(notes), ha="left", va="top", fontsize=7.5, wrap=True)
-    return results.save(fig, cfg, "batch_size")
+    return plots.save(fig, cfg, "batch_size")
 
 
 def seed_count(curve) -> str:
@@ -133,12 +112,12 @@ def seed_count(curve) -> str:
 
 def not_learned_notes(cfg: DictConfig) -> list[str]:
     """One sentence per setting whose every kept run did not learn (summary.csv's `learned`: a final test
-    accuracy, scored in evaluation mode, at or below chance + results.LEARNED_MARGIN), with its training
+    accuracy, scored in evaluation mode, at or below chance + outcomes.LEARNED_MARGIN), with its training
     accuracy (epochs.csv's train_acc in the last epoch, in training mode): e.g. BatchNorm at batch 1 learns
     in training mode (each image normalised by its own statistics) and fails in evaluation mode."""
     summary = results.kept(results.read(cfg, "summary"))
     epochs = results.read(cfg, "epochs") if (sweep_dir(cfg) / "epochs.csv").exists() else None
-    bar, chance = results.chance(cfg) + results.LEARNED_MARGIN, results.chance(cfg)
+    bar, chance = results.chance(cfg) + outcomes.LEARNED_MARGIN, results.chance(cfg)
     notes = []
     for _, g in summary.groupby("setting", sort=False):
         if not len(g) or not learned_flags(g).eq(False).all():
@@ -174,7 +153,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         if len(done) and learned_flags(done).eq(False).all():
             text = results.did_not_learn(r["mean"], cfg, "evaluation mode")
         else:
-            text = results.format_mean_ci(r)
+            text = statistics.format_mean_ci(r)
         updates = f", {int(r['updates'])} updates" if "updates" in r else ""
         rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
                                  f"{updates}, {r['label']}",
@@ -191,3 +170,27 @@ def headlines(cfg: DictConfig) -> list[dict]:
             }
         )
     return rows + results.not_learned(cfg)
+
+
+@experiment("batch-size", section="Fig. 4, section 5.4", plot=plot, headlines=headlines)
+def run(cfg: DictConfig) -> Path:
+    cfg = with_rates(cfg, choose_rates(cfg))
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
+    per_epoch = {
+        spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
+    }
+    if len(epochs):
+        epochs.insert(6, "label", epochs["run"].map({spec.name: spec_label(spec) for spec in specs}))
+        epochs.insert(7, "updates", epochs["epoch"] * epochs["run"].map(per_epoch))
+
+    def columns(spec):
+        t = spec.cfg.train
+        return {"batch_size": t.batch_size, "initial_lr": t.lr, "data_norm": t.data_norm,
+                "label": spec_label(spec),
+                "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
+
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
+    plot(cfg)
+    return out

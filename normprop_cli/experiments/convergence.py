@@ -4,7 +4,7 @@
 
 epochs.csv   every run's metrics, one row per run and epoch
 curves.csv   method, epoch, n, diverged, mean, sd, ci_low, ci_high: test accuracy (%) over the seeds
-             that did not diverge, 95% interval on the logit scale (results.proportion_ci);
+             that did not diverge, 95% interval on the logit scale (statistics.proportion_ci);
              `diverged` counts the method's diverged runs, left out of every epoch
 summary.csv  one row per run: engine columns + final_test_acc, best_test_acc
 convergence.png/.pdf  test accuracy vs epoch, caps on the markers showing the 95% interval
@@ -16,37 +16,30 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 
 KEYS = ["method"]
 
 
-def run(cfg: DictConfig) -> Path:
-    specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs)
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
-    plot(cfg)
-    return out
-
-
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 3: test accuracy, mean over seeds with 95% caps, per method."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     curve = results.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     groups = sorted(curve.groupby("method", sort=False), key=lambda g: results.method_rank(g[0]))
-    for (method, c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
-        results.plot_curve(
+    for (method, c), dodge in zip(groups, plots.dodges(len(groups)), strict=True):
+        plots.plot_curve(
             ax,
             c,
             f"{results.method_label(method)} (n = {int(c['n'].max())} seeds)",
             dodge=dodge,
             color=results.METHOD_COLORS.get(method),
         )
-    results.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
-    return results.save(fig, cfg, "convergence")
+    plots.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
+    return plots.save(fig, cfg, "convergence")
 
 
 def early_half_width(c, epochs: int) -> float:
@@ -70,7 +63,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
                 f"{int(last['epoch'])}, {results.method_label(method)}",
-                "reproduced": results.with_diverged(results.format_mean_ci(last), summary[summary["method"] == method]),
+                "reproduced": results.with_diverged(
+                    statistics.format_mean_ci(last), summary[summary["method"] == method]
+                ),
                 "paper": "",
             }
         )
@@ -84,3 +79,13 @@ def headlines(cfg: DictConfig) -> list[dict]:
             }
         )
     return rows + results.not_learned(cfg)
+
+
+@experiment("convergence", section="Fig. 3, section 5.3", plot=plot, headlines=headlines)
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = results.gather(specs)
+    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
+    plot(cfg)
+    return out

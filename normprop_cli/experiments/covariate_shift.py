@@ -31,12 +31,14 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from omegaconf import DictConfig
 
+from normprop_cli import outcomes, statistics
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
-from normprop_cli.experiments.results import learned_flags
+from normprop_cli.outcomes import learned_flags
 
 RUN = ["run", "setting", "method", "seed"]
 SETTLING = [*RUN, "layer", "draw", "band", "final_epoch", "final_mean", "settled_after_epoch", "settled"]
@@ -102,27 +104,6 @@ def final_population(population: pd.DataFrame, run: str) -> dict:
     }
 
 
-def run(cfg: DictConfig) -> Path:
-    specs = expand_grid(cfg)
-    draws = int(cfg.experiment.probe_draws)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
-    stats = results.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
-    _refuse_stale(cfg, stats)
-    population = results.gather(specs, PopulationProbe.name)
-    band = float(cfg.experiment.band)
-    probes, settled = paper_metric(stats), settling(stats, band)
-    for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
-        results.write(cfg, name, table)
-
-    def columns(spec) -> dict:
-        return ({"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
-                | probed(probes, settled, spec.name) | final_population(population, spec.name))  # fmt: skip
-
-    out = results.summarise(cfg, specs, manifests, columns)
-    plot(cfg)
-    return out
-
-
 def _refuse_stale(cfg: DictConfig, stats: pd.DataFrame) -> None:
     """Finished runs of an older probe (one unit per layer, BN read after its ReLU, no draw column)
     are skipped by the sweep; their numbers must not be mixed with these."""
@@ -145,7 +126,7 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     thin solid line (dashed would read as a reference) and their mean in bold; the target mean 0 a
     labelled reference line. The unnormalised net, "incomparable due to extreme variations", has its
     own, labelled axis on the right."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     stats = results.read(cfg, "unit_stats")
     first_seed = stats["seed"].min()
     stats = stats[stats["seed"] == first_seed]
@@ -172,14 +153,14 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     fig.suptitle(
-        results.title(
+        plots.title(
             cfg,
             f"Fig. 2: mean over {results.probe_set(cfg)} of {draws} probed units' inputs per layer "
             f"(thin: each unit, bold: their mean), seed {first_seed}",
         ),
         fontsize=10,
     )
-    return results.save(fig, cfg, "covariate_shift")
+    return plots.save(fig, cfg, "covariate_shift")
 
 
 def plot_population(cfg: DictConfig) -> list[Path]:
@@ -187,7 +168,7 @@ def plot_population(cfg: DictConfig) -> list[Path]:
     average drift from initialisation in initial stds (bottom) vs epoch, mean over seeds. The drift
     has no scale, so every method shares its axis; the unnormalised net's |mean| has its own, labelled
     axis on the right."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     population = results.read(cfg, "population")
     layers = sorted(population["layer"].unique())
     fig, axes = plt.subplots(2, len(layers), figsize=(2.4 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
@@ -208,10 +189,10 @@ def plot_population(cfg: DictConfig) -> list[Path]:
     _label_right(axes, twins, f"{RIGHT}\naverage |mean| (standard units)")
     seeds = population["seed"].nunique()
     fig.suptitle(
-        results.title(cfg, f"Population metric: all input-dependent units per layer, mean over {seeds} seed(s)"),
+        plots.title(cfg, f"Population metric: all input-dependent units per layer, mean over {seeds} seed(s)"),
         fontsize=10,
     )
-    return results.save(fig, cfg, "population")
+    return plots.save(fig, cfg, "population")
 
 
 def _by_method(frame: pd.DataFrame):
@@ -280,7 +261,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
     learned = learned_flags(summary).eq(True)
-    kept = summary[learned & ~results.diverged(summary)]
+    kept = summary[learned & ~outcomes.diverged(summary)]
     settled = results.read(cfg, "settling")
     settled = settled[settled["run"].isin(kept["run"])]
     rows = []
@@ -315,7 +296,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
             quantity = (
                 f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
-                f"{results.NEAR_CHANCE}); kept out of the rows above"
+                f"{outcomes.NEAR_CHANCE}); kept out of the rows above"
             )
             reproduced = f"final test accuracy {accuracy:.1f}% (chance is {results.chance(cfg):g}%)"
             rows.append({"quantity": quantity, "reproduced": reproduced, "paper": ""})
@@ -323,8 +304,30 @@ def headlines(cfg: DictConfig) -> list[dict]:
 
 
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
-    """The mean over seeds with its 95% Student-t interval (results.mean_ci)."""
-    ci = results.mean_ci(values)
-    reproduced = results.format_mean_ci(ci, 3)
+    """The mean over seeds with its 95% Student-t interval (statistics.mean_ci)."""
+    ci = statistics.mean_ci(values)
+    reproduced = statistics.format_mean_ci(ci, 3)
     over = f"95% interval over {ci['n']} seeds" if ci["n"] > 1 else f"{ci['n']} seed, no interval"
     return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
+
+
+@experiment("covariate-shift", section="Fig. 2, section 5.2", plot=plot, headlines=headlines)
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    draws = int(cfg.experiment.probe_draws)
+    manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
+    stats = results.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
+    _refuse_stale(cfg, stats)
+    population = results.gather(specs, PopulationProbe.name)
+    band = float(cfg.experiment.band)
+    probes, settled = paper_metric(stats), settling(stats, band)
+    for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
+        results.write(cfg, name, table)
+
+    def columns(spec) -> dict:
+        return ({"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
+                | probed(probes, settled, spec.name) | final_population(population, spec.name))  # fmt: skip
+
+    out = results.summarise(cfg, specs, manifests, columns)
+    plot(cfg)
+    return out

@@ -5,7 +5,7 @@
 epochs.csv   every run's metrics, one row per run and epoch
 curves.csv   setting, data_norm, batch_size, initial_lr, epoch, n, diverged, mean, sd, ci_low, ci_high
              (test accuracy %, mean over the seeds that did not diverge, 95% interval on the logit
-             scale: results.proportion_ci; `diverged` counts the setting's diverged runs)
+             scale: statistics.proportion_ci; `diverged` counts the setting's diverged runs)
 summary.csv  one row per run: engine columns + data_norm, batch_size, initial_lr, best_test_acc,
              best_test_epoch, final_test_acc
 data_norm.png/.pdf  test accuracy vs epoch, one line per (data normalisation, batch size)
@@ -17,22 +17,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 
 KEYS = ["setting", "data_norm", "batch_size", "initial_lr"]
 COLUMNS = {"data_norm": "train.data_norm", "batch_size": "train.batch_size", "initial_lr": "train.lr"}
-
-
-def run(cfg: DictConfig) -> Path:
-    specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs, columns=COLUMNS)
-    out = results.write_curves_and_summary(
-        cfg, specs, manifests, epochs, KEYS, lambda spec: results.settings(spec, COLUMNS) | best(epochs, spec.name)
-    )
-    plot(cfg)
-    return out
 
 
 def best(epochs, run: str) -> dict:
@@ -51,13 +42,13 @@ def label(data_norm: str, batch_size: int, lr: float) -> str:
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 1: test accuracy (mean over seeds, 95% caps) vs epoch for each setting."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     curve = results.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     sizes = sorted(curve["batch_size"].unique())
     groups = list(curve.groupby(KEYS, sort=False))
-    for ((_, data_norm, batch_size, lr), c), dodge in zip(groups, results.dodges(len(groups)), strict=True):
-        results.plot_curve(
+    for ((_, data_norm, batch_size, lr), c), dodge in zip(groups, plots.dodges(len(groups)), strict=True):
+        plots.plot_curve(
             ax,
             c,
             label(data_norm, batch_size, lr),
@@ -68,13 +59,13 @@ def plot(cfg: DictConfig) -> list[Path]:
         )
     paper = cfg.experiment.paper_best_test_acc
     ax.axhline(paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)")
-    results.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
-    return results.save(fig, cfg, "data_norm")
+    plots.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")
+    return plots.save(fig, cfg, "data_norm")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final and best test accuracy per setting (mean over the seeds that did not diverge, with its 95%
-    interval, results.proportion_ci; the diverged runs counted beside it), and the best setting, beside
+    interval, statistics.proportion_ci; the diverged runs counted beside it), and the best setting, beside
     the paper's (experiment.paper_best_test_acc and paper_best_setting)."""
     summary = results.read(cfg, "summary")
     if "best_test_acc" not in summary:
@@ -95,13 +86,25 @@ def headlines(cfg: DictConfig) -> list[dict]:
             }
         )
     for (data_norm, batch_size, lr), g in summary.groupby(KEYS[1:], sort=True):
-        final = results.proportion_ci(results.kept(g)["final_test_acc"])
+        final = statistics.proportion_ci(results.kept(g)["final_test_acc"])
         paper = paper_best if (data_norm, batch_size, lr) == paper_setting else ""
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {final['n']}], {label(data_norm, batch_size, lr)}",
-                "reproduced": results.with_diverged(results.format_mean_ci(final), g),
+                "reproduced": results.with_diverged(statistics.format_mean_ci(final), g),
                 "paper": results.paper_value(cfg, f"{paper} (best)" if paper else ""),
             }
         )
     return rows + results.not_learned(cfg)
+
+
+@experiment("data-norm", section="Fig. 1, section 5.1", plot=plot, headlines=headlines)
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    epochs = results.gather(specs, columns=COLUMNS)
+    out = results.write_curves_and_summary(
+        cfg, specs, manifests, epochs, KEYS, lambda spec: results.settings(spec, COLUMNS) | best(epochs, spec.name)
+    )
+    plot(cfg)
+    return out

@@ -36,7 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import RunSpec, expand_grid, run_sweep
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.grid import LR
 
 SWEEP = ["setting", "method", "batch_size", "lr", "seed", "epochs", "val_acc", "val_loss", "chosen"]
 STEPPED = [*SWEEP, "score", "at_edge"]  # lr_sweep.csv of the steps policy
@@ -53,11 +54,11 @@ def sweep_grid(cfg: DictConfig) -> tuple[DictConfig, dict[str, str]]:
     for entry in cfg.grid:
         if entry.get("rate_of"):
             continue
-        base = float(entry.set["train.lr"])
+        base = float(entry.set[LR])
         for factor in s.factors:
             lr = float(f"{base * float(factor):.6g}")
             name = f"sweep-{entry.id}-lr{lr:g}"
-            entries.append({"id": name, "set": dict(entry.set) | {"train.lr": lr, "train.epochs": int(s.epochs)}})
+            entries.append({"id": name, "set": dict(entry.set) | {LR: lr, "train.epochs": int(s.epochs)}})
             owner[name] = entry.id
     sweep.grid, sweep.seeds = entries, 1
     return sweep, owner
@@ -76,7 +77,7 @@ def choose_rates(
     grid, owner = sweep_grid(cfg)
     specs = expand_grid(grid)
     run_sweep(grid, specs)
-    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "lr": "train.lr"})
+    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "lr": LR})
     rows = []
     for spec in specs:
         m = results.of_run(epochs, spec.name)
@@ -98,7 +99,7 @@ def with_rates(cfg: DictConfig, sweep: pd.DataFrame) -> DictConfig:
     chosen = sweep[sweep["chosen"].astype(bool)].drop_duplicates("setting").set_index("setting")["lr"]
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for entry in out.grid:
-        entry.set["train.lr"] = float(chosen[entry.get("rate_of") or entry.id])
+        entry.set[LR] = float(chosen[entry.get("rate_of") or entry.id])
     return out
 
 
@@ -169,7 +170,7 @@ def stepped_specs(cfg: DictConfig, todo: list[tuple[str, float]]) -> tuple[DictC
     quiet = {"train.eval_test": False} if "eval_test" in cfg.train else {}  # no test set for choosing a rate
     grid = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     grid.grid = [{"id": f"sweep-{setting}-lr{lr:g}",
-                  "set": sets[setting] | {"train.lr": lr, "train.epochs": sweep_epochs(cfg, sets[setting])} | quiet}
+                  "set": sets[setting] | {LR: lr, "train.epochs": sweep_epochs(cfg, sets[setting])} | quiet}
                  for setting, lr in todo]  # fmt: skip
     specs = []
     for seed in s.seeds:
@@ -206,7 +207,7 @@ def choose_stepped(cfg: DictConfig, method: Callable[[DictConfig], str], label: 
     interior or its side's extensions are spent; lr_sweep.csv and lr_sweep.png."""
     check_stepped(cfg)
     s, extend = cfg.experiment.lr_sweep, int(cfg.experiment.lr_sweep.extend)
-    centres = {e.id: float(e.set["train.lr"]) for e in cfg.grid if not e.get("rate_of")}
+    centres = {e.id: float(e.set[LR]) for e in cfg.grid if not e.get("rate_of")}
     tried = {setting: list(range(-(int(s.points) // 2), int(s.points) // 2 + 1)) for setting in centres}
     spent = {setting: [0, 0] for setting in centres}  # extensions below and above
     todo, rows = [(setting, k) for setting, ks in tried.items() for k in ks], []
@@ -263,7 +264,7 @@ def plot_sweep(cfg: DictConfig, label: Callable[[str], str] = results.method_lab
     """lr_sweep.png/.pdf from lr_sweep.csv: per batch size, each setting's score (mean final validation
     accuracy over the sweep seeds) against the rate on a log2 axis, each seed's accuracy as a small
     point, the chosen rate as a large marker; chance as a dotted line."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     sweep = results.read(cfg, "lr_sweep")
     note = "; a diverged run counts as chance" if "score" in sweep else ""
     if not note:  # the factors policy's lr_sweep.csv: the mean of the seeds' accuracies
@@ -294,6 +295,6 @@ def plot_sweep(cfg: DictConfig, label: Callable[[str], str] = results.method_lab
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=6, fontsize=7, frameon=False)
     seeds = int(sweep.groupby(["setting", "lr"])["seed"].nunique().max())
     what = f"final validation accuracy, mean of {seeds} seed{'s' * (seeds != 1)} (small points: each seed){note}"
-    fig.suptitle(results.title(cfg, "learning-rate sweep") + f"\n{what}", fontsize=10)
+    fig.suptitle(plots.title(cfg, "learning-rate sweep") + f"\n{what}", fontsize=10)
     fig.subplots_adjust(top=0.83, bottom=0.16 + 0.035 * math.ceil(len(handles) / 6), wspace=0.08)
-    return results.save(fig, cfg, "lr_sweep")
+    return plots.save(fig, cfg, "lr_sweep")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from normprop_cli.statistics import markdown
+
 PLATEAU_COLUMNS = ["experiment", "setting", "runs", "epochs", "best_val_epoch", "at_last_epoch",
                    "last_quarter_gain", "gain_low", "gain_high"]  # fmt: skip
 
@@ -70,27 +72,22 @@ def plateau_lines(table: pd.DataFrame) -> list[str]:
     """The table as markdown rows for the report."""
     if not len(table):
         return []
-    lines = [
-        "| experiment | setting | runs | epochs | best validation epoch (median) | runs best at the last epoch "
-        "| validation gain over the last quarter, pp: mean [min, max] |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in table.to_dict("records"):
-        lines.append(
-            f"| {r['experiment']} | {r['setting']} | {r['runs']} | {r['epochs']} | {r['best_val_epoch']:g} | "
-            f"{int(r['at_last_epoch'])} of {r['runs']} | {r['last_quarter_gain']:+.2f} "
-            f"[{r['gain_low']:+.2f}, {r['gain_high']:+.2f}] |"
-        )
-    return lines
+    head = ["experiment", "setting", "runs", "epochs", "best validation epoch (median)", "runs best at the last epoch",
+            "validation gain over the last quarter, pp: mean [min, max]"]  # fmt: skip
+    rows = [[r["experiment"], r["setting"], r["runs"], r["epochs"], f"{r['best_val_epoch']:g}",
+             f"{int(r['at_last_epoch'])} of {r['runs']}",
+             f"{r['last_quarter_gain']:+.2f} [{r['gain_low']:+.2f}, {r['gain_high']:+.2f}]"]
+            for r in table.to_dict("records")]  # fmt: skip
+    return markdown(head, rows)
 
 
 def plateau_section(tree: Path) -> list[str]:
     """Did the budget let the runs converge? Each sweep's best validation epoch and the validation gain
     over the last quarter of its epochs (experiments.plateau), one table per results tree."""
-    from normprop_cli.experiments import RUNNERS
+    from normprop_cli.experiments import EXPERIMENTS
     from normprop_cli.verdicts import result_dirs
 
-    tables = [sweep_plateau(d) for e in RUNNERS if e != "theory" for d in result_dirs(tree, e)]
+    tables = [sweep_plateau(d) for e, exp in EXPERIMENTS.items() if exp.trains for d in result_dirs(tree, e)]
     tables = [t for t in tables if len(t)]
     if not tables:
         return []

@@ -1,13 +1,13 @@
-"""The experiments' shared kit: summary.csv (one row per run, from its manifest and metrics), a
-sweep's per-epoch metrics in one table, the mean over seeds with its 95% confidence interval (the
-caps of Figs. 3 and 4), and drawing such curves; reading and writing an experiment's CSVs and
-figures. Figures read the CSVs written here, never a model.
+"""The experiments' tables: summary.csv (one row per run, from its manifest and metrics), a sweep's
+per-epoch metrics in one table, the mean over seeds with its 95% confidence interval (the caps of
+Figs. 3 and 4); reading and writing an experiment's CSVs; the labels and rows of the report.
+Figures (plots.py) read the CSVs written here, never a model.
 
-Two intervals (intervals.py): `proportion_ci` for accuracies and errors in % (a Student-t interval on the logit
-scale, always inside [0, 100]) and `mean_ci` for everything else (seconds, drift, differences in pp:
-the plain Student-t interval). Runs whose status is "diverged" are left out of every mean over seeds
-of an accuracy and counted beside it (`kept`, `diverged_note`, the `diverged` column of curves.csv);
-their rows stay in epochs.csv and summary.csv."""
+Two intervals (normprop_cli.statistics): `proportion_ci` for accuracies and errors in % (a Student-t
+interval on the logit scale, always inside [0, 100]) and `mean_ci` for everything else (seconds,
+drift, differences in pp: the plain Student-t interval). Runs whose status is "diverged" are left
+out of every mean over seeds of an accuracy and counted beside it (`kept`, `diverged_note`, the
+`diverged` column of curves.csv); their rows stay in epochs.csv and summary.csv."""
 
 from __future__ import annotations
 
@@ -15,19 +15,16 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import hints, io
 from normprop_cli.engine.runs import METRICS, RunSpec, run_dir, sweep_dir
 from normprop_cli.errors import UserError
-
-# the intervals live in intervals.py; the experiments reach them here, with the rest of their kit
-from normprop_cli.experiments.intervals import LEVEL, format_ci, format_mean_ci, mean_ci, proportion_ci  # noqa: F401
+from normprop_cli.outcomes import DIVERGED, LEARNED_MARGIN, NEAR_CHANCE, diverged, learned_flags
+from normprop_cli.statistics import proportion_ci
 
 CURVE_COLUMNS = ["epoch", "n", "diverged", "mean", "sd", "ci_low", "ci_high"]
-DIVERGED = "diverged"  # a run's manifest status once its loss went non-finite
 MODES = {"eval_mode_acc": "evaluation mode", "train_mode_acc": "training mode"}
 METHOD_LABELS = {"normprop": "NormProp", "batchnorm": "BatchNorm", "none": "no normalisation"}
 METHOD_COLORS = {"normprop": "C0", "batchnorm": "C1", "none": "C7"}
@@ -67,10 +64,6 @@ def run_row(spec: RunSpec, manifest: dict | None) -> dict:
     return row
 
 
-LEARNED_MARGIN = 5.0  # a run whose final accuracy is at most chance + this many points did not learn
-NEAR_CHANCE = f"at or below chance + {LEARNED_MARGIN:g} points"  # the final accuracy of a run that did not learn
-
-
 def chance(cfg) -> float:
     """Chance accuracy (%) of the run's data set."""
     return 100.0 / int(cfg.dataset.get("num_classes") or 10)
@@ -80,14 +73,6 @@ def learned(final_test_acc: float, cfg) -> bool:
     """Did the run learn: a final test accuracy more than LEARNED_MARGIN points above chance?
     Runs that did not are labelled so and kept out of headlines; their numbers stay in the CSVs."""
     return bool(final_test_acc > chance(cfg) + LEARNED_MARGIN)
-
-
-def learned_flags(summary: pd.DataFrame, absent: bool = True) -> pd.Series:
-    """summary.csv's `learned` column read back: True, False, or NaN for a run without metrics;
-    `absent` for every run when the summary has no such column. Compare with .eq(True) / .eq(False)."""
-    if "learned" not in summary:
-        return pd.Series(absent, index=summary.index, dtype=object)
-    return summary["learned"].astype(str).str.lower().map({"true": True, "false": False, "1": True, "0": False})
 
 
 def learned_in_a_mode(summary: pd.DataFrame, cfg) -> pd.Series:
@@ -107,13 +92,6 @@ def did_not_learn(accuracy: float, cfg, mode: str = "evaluation mode") -> str:
     runs) of runs at or below chance + LEARNED_MARGIN, which may lie below chance."""
     where = f" in {mode}" if mode else ""
     return f"did not learn{where} ({accuracy:.2f}%; chance is {chance(cfg):g}%)"
-
-
-def diverged(runs: pd.DataFrame) -> pd.Series:
-    """True for the rows of summary.csv whose run diverged (status "diverged")."""
-    if "status" not in runs:
-        return pd.Series(False, index=runs.index)
-    return runs["status"].astype(str).eq(DIVERGED)
 
 
 def kept(runs: pd.DataFrame) -> pd.DataFrame:
@@ -235,57 +213,6 @@ def last_epoch(curve: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return curve.sort_values("epoch").groupby(list(keys), sort=False).tail(1)
 
 
-def plot_curve(ax, curve: pd.DataFrame, label: str, band: bool = False, dodge: float = 0.0, **style) -> None:
-    """One mean-over-seeds curve; caps on the markers show the 95% interval (Figs. 3, 4), or a
-    shaded band. Where n = 1 there is no interval and only the line is drawn. `dodge` shifts the
-    epochs a little so that the caps of several curves do not hide each other."""
-    low, high = curve["ci_low"].to_numpy(), curve["ci_high"].to_numpy()
-    has_ci = np.isfinite(low).any()
-    x, y = curve["epoch"].to_numpy() + (dodge if has_ci else 0.0), curve["mean"].to_numpy()
-    style = {"marker": "o", "markersize": 3, "linewidth": 1.2} | style
-    if band or not has_ci:
-        (line,) = ax.plot(x, y, label=label, **style)
-        if has_ci:
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-    else:
-        yerr = np.vstack([y - low, high - y])
-        ax.errorbar(x, y, yerr=np.nan_to_num(yerr), capsize=3, elinewidth=0.8, label=label, **style)
-
-
-def dodges(k: int, width: float = 0.24) -> list[float]:
-    """k small x offsets centred on 0, for k curves with caps at the same epochs."""
-    return [0.0] * k if k < 2 else list(np.linspace(-width / 2, width / 2, k))
-
-
-def accuracy_axes(ax, cfg: DictConfig, what: str) -> None:
-    """Epochs on x (integers), test accuracy in % on y, clipped to [0, 100]; the legend below."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    low, high = ax.get_ylim()
-    ax.set_ylim(max(low, 0.0), min(high, 100.0))
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title(cfg, what), fontsize=10)
-    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, cfg: DictConfig, name: str) -> list[Path]:
-    """`<sweep>/<name>.png` and `.pdf`, atomically."""
-    paths = io.save_figure(fig, sweep_dir(cfg) / name)
-    pyplot().close(fig)
-    return paths
-
-
 def command(cfg: DictConfig) -> str:
     """The command that (re)produces this sweep's CSVs, with the user's preset, data set and results directory."""
     return hints.of(cfg, "run", cfg.experiment.name)
@@ -356,7 +283,3 @@ def probe_set(cfg: DictConfig) -> str:
     """What the probes measured: 'the test set', or 'the first 2,000 test images' (train.probe_images)."""
     n = cfg.train.get("probe_images")
     return f"the first {int(n):,} test images" if n else "the test set"
-
-
-def title(cfg: DictConfig, what: str) -> str:
-    return f"{what}, {cfg.dataset.name} ({cfg.preset.name} preset)"

@@ -13,8 +13,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
+from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 
 
 def augment(spec) -> str:
@@ -22,32 +24,19 @@ def augment(spec) -> str:
     return spec.cfg.dataset.get("augment", "flip") if spec.cfg.train.augment else "none"
 
 
-def run(cfg: DictConfig) -> Path:
-    specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
-    paper = cfg.experiment.paper_test_error.get(cfg.dataset.name, {})
-
-    def columns(spec) -> dict:
-        return {"augment": augment(spec), "paper_test_error": paper.get(spec.cfg.model.norm, {}).get(augment(spec))}
-
-    out = results.summarise(cfg, specs, manifests, columns)
-    plot(cfg)
-    return out
-
-
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final test error per method and augmentation, mean over the complete runs with its 95% interval
-    (results.proportion_ci, inside [0, 100]) and the diverged runs counted beside it, beside the
+    (statistics.proportion_ci, inside [0, 100]) and the diverged runs counted beside it, beside the
     paper's Table 1 (labelled not comparable off the paper's data sets, experiment.paper_test_error)."""
     summary = results.read(cfg, "summary")
     paper_dataset = cfg.dataset.name if cfg.dataset.name in cfg.experiment.paper_test_error else "cifar10"
     rows = []
     for (method, augmentation), g in summary.groupby(["method", "augment"], sort=False):
-        e = results.proportion_ci(complete(g)["final_test_error"])
+        e = statistics.proportion_ci(complete(g)["final_test_error"])
         rows.append(
             {
                 "quantity": f"final test error % [95% CI, n = {e['n']}] ({method}, augmentation {augmentation})",
-                "reproduced": results.with_diverged(results.format_mean_ci(e), g),
+                "reproduced": results.with_diverged(statistics.format_mean_ci(e), g),
                 "paper": results.paper_value(cfg, g["paper_test_error"].iloc[0], paper_dataset),
             }
         )
@@ -70,10 +59,10 @@ def augmentation_label(augmentation: str, cfg: DictConfig) -> str:
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Per method and augmentation: a bar at this reproduction's mean final test error over the complete
-    runs with its 95% interval (results.proportion_ci, as in the report) as a whisker, each seed a dot;
+    runs with its 95% interval (statistics.proportion_ci, as in the report) as a whisker, each seed a dot;
     the paper's Table 1 beside it (grey, hatched) where it has the data set. Each tick names the method,
     the augmentation and the seeds (n) behind the bar."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     summary = results.read(cfg, "summary")
     groups = list(summary.groupby(["method", "augment"], sort=False))
     papers = summary["paper_test_error"].notna().any()
@@ -82,7 +71,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     seeds, ticks, legend = {}, [], {}
     for i, ((method, augmentation), g) in enumerate(groups):
         done = complete(g)["final_test_error"]
-        e = results.proportion_ci(done)
+        e = statistics.proportion_ci(done)
         seeds.setdefault(method, set()).add(e["n"])
         whisker = {"yerr": [[e["mean"] - e["ci_low"]], [e["ci_high"] - e["mean"]]], "capsize": 4} if e["n"] > 1 else {}
         bar = ax.bar(i + x, e["mean"], width=width, color=results.METHOD_COLORS.get(method, "C2"), **whisker)
@@ -100,17 +89,31 @@ def plot(cfg: DictConfig) -> list[Path]:
     ax.set_xlabel("method, training-set augmentation, seeds (n)")
     ax.set_ylabel("final test error (%)")
     interval = "; whisker: 95% interval of the mean" if max(map(max, seeds.values()), default=0) > 1 else ""
-    ax.set_title(results.title(cfg, "Table 1: final test error") + f"\nbar: mean over seeds{interval}; dot: one seed",
+    ax.set_title(plots.title(cfg, "Table 1: final test error") + f"\nbar: mean over seeds{interval}; dot: one seed",
                  fontsize=10)  # fmt: skip
     labels = {m: f"{results.method_label(m)}: this reproduction, mean of {_count(n)}" for m, n in seeds.items()}
     labels |= {"seed": "this reproduction, one seed", "paper": "paper (Table 1, same data set)"}
     shown = [k for k in order if k in legend]
     ax.legend([legend[k] for k in shown], [labels[k] for k in shown], frameon=False, fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0))  # fmt: skip
-    return results.save(fig, cfg, "table1")
+    return plots.save(fig, cfg, "table1")
 
 
 def _count(seeds: set[int]) -> str:
     """'4 seeds', '1 seed' or '3-5 seeds': the seed counts of a method's bars."""
     lo, hi = min(seeds), max(seeds)
     return f"{lo} seed{'s' * (hi != 1)}" if lo == hi else f"{lo}-{hi} seeds"
+
+
+@experiment("table1", section="Table 1, section 5.5", plot=plot, headlines=headlines)
+def run(cfg: DictConfig) -> Path:
+    specs = expand_grid(cfg)
+    manifests = run_sweep(cfg, specs)
+    paper = cfg.experiment.paper_test_error.get(cfg.dataset.name, {})
+
+    def columns(spec) -> dict:
+        return {"augment": augment(spec), "paper_test_error": paper.get(spec.cfg.model.norm, {}).get(augment(spec))}
+
+    out = results.summarise(cfg, specs, manifests, columns)
+    plot(cfg)
+    return out

@@ -31,7 +31,8 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
+from normprop_cli.experiments.base import experiment
 
 COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
            "images_per_second", "ratio_vs_batchnorm", "seeds_vs_batchnorm", "ratio_vs_none", "seeds_vs_none",
@@ -113,30 +114,6 @@ def read_table(cfg: DictConfig) -> pd.DataFrame:
     return timing_table(epochs, int(cfg.experiment.warmup_epochs), dict(cfg.experiment.paper_seconds), summary)
 
 
-def run(cfg: DictConfig) -> Path:
-    if cfg.get("jobs", 1) > 1 and cfg.launcher.name != "slurm":
-        # Runs sharing one machine would time each other: the timing runs go one at a time.
-        cfg.jobs = 1
-    # Seed by seed, the methods in turn: a slow spell of a shared machine then hits every method
-    # of a seed alike, instead of all the runs of one method (C6 pairs the methods by seed).
-    specs = sorted(expand_grid(cfg), key=lambda spec: spec.seed)
-    manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs)
-    if len(epochs):
-        where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
-        epochs["device"] = epochs["run"].map(lambda r: where[r].get("device_name", where[r].get("device")))
-        epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
-    results.write(cfg, "epochs", epochs)
-    warmup = int(cfg.experiment.warmup_epochs)
-    paper = dict(cfg.experiment.paper_seconds)
-    out = results.summarise(
-        cfg, specs, manifests, lambda spec: results.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
-    )
-    results.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out)))
-    plot(cfg)
-    return out
-
-
 def paper_source(cfg: DictConfig) -> str:
     """Where the paper's seconds were measured: experiment.paper_device, on CIFAR-10."""
     return f"{cfg.experiment.paper_device}, CIFAR-10"
@@ -152,7 +129,7 @@ def paired_bars(ax, table: pd.DataFrame, mine: str, paper: str, mine_label: str,
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Seconds per training epoch (reproduced beside the paper's), and each method relative to BN"""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     table = read_table(cfg)
     fig, (ax, rel) = plt.subplots(1, 2, figsize=(9.0, 3.6))
     x = range(len(table))
@@ -177,9 +154,9 @@ def plot(cfg: DictConfig) -> list[Path]:
     rel.set_xticks(list(x), names)
     rel.set_ylabel("epoch time / BatchNorm's (geometric mean of per-seed ratios)", fontsize=8)
     rel.legend(frameon=False, fontsize=7)
-    fig.suptitle(results.title(cfg, "Section 5.6: training speed"), fontsize=10)
+    fig.suptitle(plots.title(cfg, "Section 5.6: training speed"), fontsize=10)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.88, wspace=0.3)
-    return results.save(fig, cfg, "timing")
+    return plots.save(fig, cfg, "timing")
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
@@ -239,3 +216,28 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         f"{float(r['pooled_ratio_vs_batchnorm']):.3f}, weighs slow and fast seeds otherwise and is shown "
         "for reference only."
     ]
+
+
+@experiment("timing", section="Section 5.6", plot=plot, headlines=headlines, paragraphs=paragraphs)
+def run(cfg: DictConfig) -> Path:
+    if cfg.get("jobs", 1) > 1 and cfg.launcher.name != "slurm":
+        # Runs sharing one machine would time each other: the timing runs go one at a time.
+        cfg.jobs = 1
+    # Seed by seed, the methods in turn: a slow spell of a shared machine then hits every method
+    # of a seed alike, instead of all the runs of one method (C6 pairs the methods by seed).
+    specs = sorted(expand_grid(cfg), key=lambda spec: spec.seed)
+    manifests = run_sweep(cfg, specs)
+    epochs = results.gather(specs)
+    if len(epochs):
+        where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
+        epochs["device"] = epochs["run"].map(lambda r: where[r].get("device_name", where[r].get("device")))
+        epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
+    results.write(cfg, "epochs", epochs)
+    warmup = int(cfg.experiment.warmup_epochs)
+    paper = dict(cfg.experiment.paper_seconds)
+    out = results.summarise(
+        cfg, specs, manifests, lambda spec: results.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
+    )
+    results.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out)))
+    plot(cfg)
+    return out

@@ -26,8 +26,8 @@ from .layers import (
     constrain_unit_norm_,
     reference_forward,
 )
-from .methods import METHODS
-from .nin import ARCHITECTURE, NIN, NORMS, register_norm
+from .methods import METHODS, NORMS, Method, Norm, register_method, register_norm
+from .nin import ARCHITECTURE, NIN
 from .normalizers import BatchRenorm2d, weightnorm_data_init_
 from .stats import (
     ACTIVATIONS,
@@ -54,6 +54,8 @@ __all__ = [
     "NIN",
     "NORMS",
     "ActivationStats",
+    "Method",
+    "Norm",
     "BatchRenorm2d",
     "DropoutScale",
     "Moments",
@@ -72,6 +74,7 @@ __all__ = [
     "quadrature_stats",
     "reference_forward",
     "register_activation",
+    "register_method",
     "register_norm",
     "relu_stats",
     "weightnorm_data_init_",

@@ -320,6 +320,11 @@ def reference_forward(layer: NormPropLayer, x: Tensor) -> Tensor:
     return (a - st.mean) / st.std
 
 
+def has_normprop_layers(model: nn.Module) -> bool:
+    """Whether `model` has a NormProp layer, and so takes `constrain_unit_norm_` after every step."""
+    return any(isinstance(m, NormPropLayer) for m in model.modules())
+
+
 @torch.no_grad()
 def constrain_unit_norm_(model: nn.Module) -> None:
     """Section 4.4: rescale every filter W_i of every NormProp layer in `model` to unit l2 norm.

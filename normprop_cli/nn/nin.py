@@ -8,16 +8,14 @@ C(192,1,1,0)-C(192,5,1,0)-C(192,1,1,2)-C(K,1,1,0)-P(8,8,0,avg), on 32x32 inputs
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 from torch import Tensor, nn
 
 from . import normalizers as nz
-from . import online
+from . import online  # noqa: F401  (declares its methods)
 from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer, fold
-from .methods import BATCH_STATISTICS
-from .normalizers import activation_module, glorot_conv
+from .methods import NORMS, register_method
 from .stats import ACTIVATIONS, PARAMETRIC
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
@@ -36,29 +34,6 @@ ARCHITECTURE = (
     ("P", 8, 8, 0, "avg"),
 )
 
-# (in_channels, out_channels, kernel, stride, padding, **options) -> module. The options are
-# NIN's `activation`, `jacobian`, `width` and `renorm`; a factory takes the ones it uses.
-ConvFactory = Callable[..., nn.Module]
-
-
-@dataclass(frozen=True)
-class Norm:
-    block: ConvFactory  # a hidden conv layer, activation included
-    classifier: ConvFactory  # the last conv, no activation
-    activations: tuple[str, ...] | None = None  # the activations it takes; None: any
-
-
-def _plain_conv(i, o, k, s, p, **_) -> nn.Module:
-    return glorot_conv(i, o, k, s, p)
-
-
-def _plain_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    return nn.Sequential(glorot_conv(i, o, k, s, p), activation_module(activation))
-
-
-def _batchnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), nn.BatchNorm2d(o), activation_module(activation))
-
 
 def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", **_) -> nn.Module:
     return NormPropConv2d(i, o, k, s, p, activation=activation, jacobian=jacobian)
@@ -68,35 +43,22 @@ def _normprop_classifier(i, o, k, s, p, jacobian="divide", **_) -> nn.Module:
     return NormPropConv2d(i, o, k, s, p, activation=None, jacobian=jacobian)
 
 
-NORMS: dict[str, Norm] = {
-    "none": Norm(_plain_block, _plain_conv),
-    "batchnorm": Norm(_batchnorm_block, _plain_conv),
-    "normprop": Norm(_normprop_block, _normprop_classifier),
-    # Beyond the paper: the batch-independent normalisers (normalizers.py), and Batch Renormalization
-    "batchrenorm": Norm(nz.batchrenorm_block, _plain_conv),
-    "weightnorm": Norm(nz.weightnorm_block, nz.weightnorm_conv),
-    "layernorm": Norm(nz.layernorm_block, _plain_conv),
-    "groupnorm": Norm(nz.groupnorm_block, _plain_conv),
-    "ws-gn": Norm(nz.ws_gn_block, _plain_conv),
-    "scaledws": Norm(nz.scaledws_block, _plain_conv),
-    "frn": Norm(nz.frn_block, _plain_conv, activations=("relu",)),  # its TLU is the activation
-    "evonorm": Norm(online.evonorm_block, _plain_conv, activations=("relu",)),  # EvoNorm-S0 carries its own
-    "online": Norm(online.online_block, _plain_conv),
-}
-
-
-def register_norm(
-    name: str, block: ConvFactory, classifier: ConvFactory, activations: tuple[str, ...] | None = None
-) -> None:
-    """Make `NIN(norm=name)` build its hidden convs with `block` and its last with `classifier`."""
-    NORMS[name] = Norm(block, classifier, activations)
+# NormProp, twice: the ICML form (eq. 11: divide by the Jacobian factor) and the arXiv form (gamma
+# initialised to 1 / factor); and, as an ablation of the normalizers experiment, where every method
+# shares the plain classifier (model.classifier=plain), NormProp with its own normalised classifier
+# conv (eq. 11 without activation).
+register_method("normprop-icml", "NormProp (ICML)", norm="normprop", block=_normprop_block,
+                classifier=_normprop_classifier, model={"jacobian": "divide"})  # fmt: skip
+register_method("normprop-arxiv", "NormProp (arXiv)", norm="normprop", model={"jacobian": "init"})
+register_method("normprop-icml-own-classifier", "NormProp (ICML), own classifier", norm="normprop",
+                model={"jacobian": "divide", "classifier": "own"})  # fmt: skip
 
 
 @dataclass(frozen=True)
 class NINConfig:
     """The NIN's options, conf/model/nin.yaml typed (as nanoGPT's GPTConfig): what `NIN` builds."""
 
-    norm: str = "normprop"  # a member of NORMS
+    norm: str = "normprop"  # a member of methods.NORMS
     width: float = 1.0  # scales the hidden widths; 1.0 is the paper's
     activation: str = "relu"  # stats.ACTIVATIONS, or prelu (section 4.6)
     jacobian: str = "divide"  # layers.JACOBIAN_MODES: divide (ICML eq. 11) | init (arXiv) | off
@@ -152,7 +114,7 @@ def values_per_channel(norm: str, batch_size: int, image_size: int = 32) -> int 
     """The fewest values a batch-statistics layer (BN, BRN) normalises per channel in a training
     step: the batch times the smallest spatial size of a hidden conv's output; None for the norms
     that use no batch statistics. Under 2 there is no variance to normalise by."""
-    if norm not in BATCH_STATISTICS:
+    if norm not in NORMS or not NORMS[norm].batch_statistics:
         return None
     hidden = [size for kind, size in feature_sizes(image_size) if kind == "C"][:-1]  # the classifier has no BN
     return batch_size * min(size * size for size in hidden)
@@ -211,7 +173,8 @@ class NIN(nn.Module):
             n_conv += 1
             filters, size, stride, pad = spec
             if filters == "K":
-                make = factories.classifier if config.classifier == "own" else _plain_conv
+                own = factories.classifier if config.classifier == "own" else None
+                make = own or nz.plain_conv
                 conv = make(channels, num_classes, size, stride, pad, **options)
                 filters = num_classes
             else:

@@ -1,7 +1,9 @@
-"""The batch-independent normalisers NormProp is compared with, as members of the
-NIN's `norm` registry (nin.NORMS), on the same backbone: each builds a hidden conv block (conv,
-normalisation, activation) and the classifier conv.
+"""The normalisers NormProp is compared with, each declared in the method registry (methods.py) on
+the same backbone: each builds a hidden conv block (conv, normalisation, activation) and, where it
+has its own, the classifier conv.
 
+    none         no normalisation: the Glorot conv and the activation
+    batchnorm    BatchNorm (Ioffe and Szegedy 2015), torch's
     batchrenorm  Batch Renormalization (Ioffe 2017): BN with r, d clipped, rmax/dmax warmed up
     weightnorm   weight normalisation (Salimans and Kingma 2016), torch's parametrization;
                  the data-dependent initialisation is `weightnorm_data_init_`
@@ -22,13 +24,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from .methods import register_method
 from .stats import ACTIVATIONS, activation_stats
 
 GROUPS_AT_FULL_WIDTH = 32  # Wu and He's default; the count scales with the NIN's width
 # Ioffe (2017) keeps rmax = 1, dmax = 0 for 5,000 steps, then relaxes them linearly to rmax = 3 at
-# 40,000 steps and dmax = 5 at 25,000. Our runs are a few thousand steps at most: the same shape on
-# a clock 50 times faster (conf/model/nin.yaml `renorm`).
-RENORM = {"rmax": 3.0, "dmax": 5.0, "warmup_steps": 100, "rmax_steps": 800, "dmax_steps": 500}
+# 40,000 steps and dmax = 5 at 25,000: BatchRenorm2d's defaults. The NIN's runs are a few thousand
+# steps at most and set their own clock (conf/model/nin.yaml `renorm`).
+IOFFE = {"rmax": 3.0, "dmax": 5.0, "warmup_steps": 5000, "rmax_steps": 40000, "dmax_steps": 25000}
 SCHEDULE = ("warmup", "rmax", "dmax")  # the limits' clock: <name>_steps, or <name>_epochs (renorm_in_steps)
 
 
@@ -57,7 +60,8 @@ def renorm_in_steps(renorm: dict, steps_per_epoch: int | None) -> dict:
 
 
 class BatchRenorm2d(nn.BatchNorm2d):
-    """Batch Renormalization (Ioffe 2017) for conv maps; `paper/batchnorm-notes.rst`.
+    """Batch Renormalization (Ioffe 2017, "Batch Renormalization: Towards Reducing Minibatch Dependence in
+    Batch-Normalized Models", Algorithm 1) for conv maps.
 
     Training:  x_hat = (x - mu_B) / sigma_B * r + d,  y = weight * x_hat + bias, with
         r = stop_grad(clip(sigma_B / sigma, 1/rmax, rmax)),  d = stop_grad(clip((mu_B - mu) / sigma, -dmax, dmax))
@@ -71,11 +75,11 @@ class BatchRenorm2d(nn.BatchNorm2d):
     def __init__(
         self,
         num_features: int,
-        rmax: float = RENORM["rmax"],
-        dmax: float = RENORM["dmax"],
-        warmup_steps: int = RENORM["warmup_steps"],
-        rmax_steps: int = RENORM["rmax_steps"],
-        dmax_steps: int = RENORM["dmax_steps"],
+        rmax: float = IOFFE["rmax"],
+        dmax: float = IOFFE["dmax"],
+        warmup_steps: int = IOFFE["warmup_steps"],
+        rmax_steps: int = IOFFE["rmax_steps"],
+        dmax_steps: int = IOFFE["dmax_steps"],
         eps: float = 1e-5,
         momentum: float | None = 0.1,
     ) -> None:
@@ -236,6 +240,19 @@ def glorot_conv(i, o, k, s, p, bias: bool = True) -> nn.Conv2d:
     return conv
 
 
+def plain_conv(i, o, k, s, p, **_) -> nn.Module:
+    """The classifier of every norm without its own (and of all under `model.classifier=plain`)."""
+    return glorot_conv(i, o, k, s, p)
+
+
+def plain_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    return nn.Sequential(glorot_conv(i, o, k, s, p), activation_module(activation))
+
+
+def batchnorm_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), nn.BatchNorm2d(o), activation_module(activation))
+
+
 def batchrenorm_block(i, o, k, s, p, activation="relu", renorm=None, **_) -> nn.Module:
     return nn.Sequential(
         glorot_conv(i, o, k, s, p, bias=False), BatchRenorm2d(o, **(renorm or {})), activation_module(activation)
@@ -291,3 +308,17 @@ def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
             f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"
         )
     return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))
+
+
+register_method("none", "no normalisation", block=plain_block)
+register_method("batchnorm", "BatchNorm", block=batchnorm_block, batch_statistics=True)
+register_method("batchrenorm", "Batch Renorm", block=batchrenorm_block, batch_statistics=True)
+# as Salimans and Kingma train it: with the data-dependent initialisation
+register_method("weightnorm", "weight norm", block=weightnorm_block, classifier=weightnorm_conv,
+                model={"data_init": True})  # fmt: skip
+register_method("layernorm", "LayerNorm", block=layernorm_block)
+register_method("groupnorm", "GroupNorm", block=groupnorm_block)
+register_method("ws-gn", "WS + GroupNorm", block=ws_gn_block)
+# with NFNets' adaptive gradient clipping (their factor 0.01)
+register_method("scaledws", "scaled WS (NF)", block=scaledws_block, train={"agc": 0.01})
+register_method("frn", "FRN + TLU", block=frn_block, activations=("relu",))  # its TLU is the activation

@@ -1,4 +1,4 @@
-"""Two batch-independent normalisers for the NIN, as blocks of the `norm` registry (nin.NORMS):
+"""Two batch-independent normalisers for the NIN, declared in the method registry (methods.py):
 
     online   Online Normalization (Chiley et al., NeurIPS 2019), written out: `OnlineNorm2d`
     evonorm  EvoNorm-S0 (Liu et al. 2020), timm's `EvoNorm2dS0`
@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .methods import register_method
 from .normalizers import activation_module, glorot_conv, groups_for
 
 
@@ -148,3 +149,7 @@ def evonorm_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module
     return nn.Sequential(
         glorot_conv(i, o, k, s, p, bias=False), EvoNorm2dS0(o, groups=groups_for(o, width), apply_act=True)
     )
+
+
+register_method("evonorm", "EvoNorm-S0", block=evonorm_block, activations=("relu",))  # it carries its own
+register_method("online", "Online Norm", block=online_block)

@@ -1,5 +1,6 @@
-"""Where a run departs from the paper's protocol, in plain sentences for the report: the data set, its
-input, epochs, schedule, width, subsets, probes, seeds and augmentation."""
+"""Where a run departs from the paper's protocol: in plain sentences for the report (`departures`: the
+data set, its input, epochs, schedule, width, subsets, probes, seeds and augmentation), and in a few
+words for a verdict's note (`protocol_note`: the data set, epochs and width), from one list."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from normprop_cli import verdicts
 from normprop_cli.engine.runs import CONFIG
-from normprop_cli.verdicts import paper_datasets
+from normprop_cli.verdicts.sources import paper_datasets, paper_protocol
 
 INPUTS = {  # how a data set's images enter the NIN, where that is not the paper's 3x32x32
     "fashion-mnist": "Input: Fashion-MNIST's 28x28 grey images, zero-padded by 2 pixels to 32x32 (the background "
@@ -20,45 +20,59 @@ INPUTS = {  # how a data set's images enter the NIN, where that is not the paper
 
 def departures(experiment: str, prov: dict, directory: Path | None = None) -> list[str]:
     """Plain sentences wherever a run departs from the paper's protocol."""
+    return [sentence for _, sentence in found(experiment, prov, directory)]
+
+
+def protocol_note(experiment: str, prov: dict) -> list[str]:
+    """What differs from the paper's protocol that bears on a verdict, in a few words."""
+    return [note for note, _ in found(experiment, prov) if note]
+
+
+def found(experiment: str, prov: dict, directory: Path | None = None) -> list[tuple[str, str]]:
+    """(a few words for a verdict's note, or "" where the verdict needs none; the report's sentence),
+    wherever a run departs from the paper's protocol."""
     if not prov:
         return []
-    cfg, out = prov["cfg"], []
+    cfg = prov["cfg"]
     paper_sets = paper_datasets(experiment)
-    dataset = cfg.dataset.name
+    dataset = prov.get("dataset", cfg.dataset.name)
+    paper = paper_protocol(experiment, dataset)
+    out = []
     if dataset not in paper_sets:
-        out.append(
+        out.append((
+            f"{dataset}, not {paper.dataset.name}: the effect's size is not comparable with the paper's",
             f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
-            "comparable with the paper's, only the trends are."
-        )
-    paper = verdicts.paper_protocol(experiment, dataset)
+            "comparable with the paper's, only the trends are.",
+        ))  # fmt: skip
     if cfg.train.epochs != paper.train.epochs:
-        out.append(f"Epochs: {cfg.train.epochs} per run, the paper's protocol has {paper.train.epochs}.")
+        out.append((f"{cfg.train.epochs} of the paper's {paper.train.epochs} epochs",
+                    f"Epochs: {cfg.train.epochs} per run, the paper's protocol has {paper.train.epochs}."))  # fmt: skip
     if cfg.train.lr_halve_every != paper.train.lr_halve_every:
-        out.append(
-            f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
-            f"every {paper.train.lr_halve_every}."
-        )
+        out.append(("", f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
+                        f"every {paper.train.lr_halve_every}."))  # fmt: skip
     if cfg.model.width != 1.0:
-        out.append(f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0).")
+        out.append((f"width {float(cfg.model.width):g}",
+                     f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0)."))  # fmt: skip
+    sentences = []
     if cfg.dataset.get("limit"):
-        out.append(f"Only {cfg.dataset.limit} examples per split were used.")
+        sentences.append(f"Only {cfg.dataset.limit} examples per split were used.")
     if cfg.dataset.get("train_limit"):
-        out.append(
+        sentences.append(
             f"Training images: a seeded subset of {cfg.dataset.train_limit:,} of the training split "
             "(validation and test whole)."
         )
     if dataset in INPUTS:
-        out.append(INPUTS[dataset])
+        sentences.append(INPUTS[dataset])
     if cfg.train.get("probe_images"):
-        out.append(
+        sentences.append(
             f"Probes: the hidden layers' inputs are measured on the first {cfg.train.probe_images:,} test images, "
             "not all of them."
         )
     if prov["seeds"] < int(paper.seeds):
-        out.append(f"Seeds: {prov['seeds']}, the paper preset uses {paper.seeds}.")
+        sentences.append(f"Seeds: {prov['seeds']}, the paper preset uses {paper.seeds}.")
     if directory is not None and augments(directory):
-        out += augmentation(dataset, cfg.dataset.get("augment"))
-    return out
+        sentences += augmentation(dataset, cfg.dataset.get("augment"))
+    return out + [("", sentence) for sentence in sentences]
 
 
 def augments(directory: Path) -> bool:

@@ -14,7 +14,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normprop_cli import config
-from normprop_cli.experiments.results import NEAR_CHANCE, diverged, format_ci, learned_flags
+from normprop_cli.outcomes import NEAR_CHANCE, diverged, learned_flags
+from normprop_cli.statistics import format_ci
 from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_by_epoch, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
@@ -47,6 +48,10 @@ class Measurement:
     # the baseline's test error (%, mean over all seeds) that a claim's relative margin is a fraction
     # of (Claim.relative_to); NaN where the claim has none
     reference: float = math.nan
+    # where it stands on no runs (an experiment that trains nothing): its input, in the data set's
+    # column, and its budget
+    dataset: str = ""
+    budget: str = ""
 
 
 def read(path: Path, columns) -> pd.DataFrame:
@@ -338,9 +343,11 @@ def c7_theory(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     if len(plain):
         notes.append(f"a plain Glorot ReLU net: largest deviation {plain['deviation'].mean():.3g}")
     depth = int(propagation.loc[propagation["net"] == "fc", "layer"].max())
+    seeds = plural(table["seed"].nunique(), "seed")
     return Measurement(
-        table, one_sample(-1), "one-sample t on per-seed deviations", {"band": f"{band:g}", "depth": depth}, notes
-    )
+        table, one_sample(-1), "one-sample t on per-seed deviations", {"band": f"{band:g}", "depth": depth}, notes,
+        dataset="N(0,1) input", budget=f"N(0,1) input, no training, fc net of {depth} layers, {seeds}",
+    )  # fmt: skip
 
 
 # ---- C8 (normprop run activations): gaps.py pairs NormProp and BatchNorm by seed and activation ------

@@ -16,8 +16,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normprop_cli import config
+from normprop_cli.statistics import LEVEL, paired_interval, t_interval  # LEVEL: superiority and non-inferiority
 
-LEVEL = 0.95  # superiority and non-inferiority
 EQUIVALENCE_LEVEL = 0.90  # equivalence: two one-sided tests at 5%
 RESAMPLES = 9_999  # bootstrap resamples (C3)
 BOOTSTRAP_SEED = 2016
@@ -215,31 +215,6 @@ def _quietly(fn, *args, **kwargs):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         return fn(*args, **kwargs)
-
-
-def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
-    """Mean and one-sample t interval at `level` (NaN interval with fewer than 2 values)."""
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    mean = float(x.mean()) if len(x) else math.nan
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    ci = _quietly(lambda: stats.ttest_1samp(x, 0.0).confidence_interval(level))
-    return mean, float(ci.low), float(ci.high)
-
-
-def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
-    """Mean of x - y and its paired t interval at `level` (scipy.stats.ttest_rel)."""
-    from scipy import stats
-
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    mean = float((x - y).mean()) if len(x) else math.nan
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    ci = _quietly(lambda: stats.ttest_rel(x, y).confidence_interval(level))
-    return mean, float(ci.low), float(ci.high)
 
 
 def one_sample(sign: int) -> Callable[..., Estimate]:

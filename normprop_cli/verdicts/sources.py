@@ -13,11 +13,12 @@ from normprop_cli.engine.runs import CONFIG, read_manifest
 
 
 def result_dirs(results: Path, experiment: str) -> list[Path]:
-    """Where an experiment's results are: results/theory, or results/<exp>/<dataset> per data set."""
+    """Where an experiment's results are: results/<exp>/<dataset> per data set it trained on (those
+    with a summary.csv), or results/<exp> itself where its CSVs lie there (an experiment that trains
+    nothing, as theory)."""
     base = Path(results) / experiment
-    if experiment == "theory":
-        return [base] if any(base.glob("*.csv")) else []
-    return sorted(d for d in base.glob("*") if (d / "summary.csv").exists())
+    trained = sorted(d for d in base.glob("*") if (d / "summary.csv").exists())
+    return trained or ([base] if any(base.glob("*.csv")) else [])
 
 
 def provenance(directory: Path) -> dict:
@@ -63,17 +64,3 @@ def budget(prov: dict) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def protocol_note(experiment: str, prov: dict) -> list[str]:
-    """What differs from the paper's protocol, in a few words."""
-    cfg, dataset = prov["cfg"], prov["dataset"]
-    paper = paper_protocol(experiment, dataset)
-    out = []
-    if dataset != paper.dataset.name:
-        out.append(f"{dataset}, not {paper.dataset.name}: the effect's size is not comparable with the paper's")
-    if cfg.train.epochs != paper.train.epochs:
-        out.append(f"{cfg.train.epochs} of the paper's {paper.train.epochs} epochs")
-    if float(cfg.model.width) != 1.0:
-        out.append(f"width {float(cfg.model.width):g}")
-    return out

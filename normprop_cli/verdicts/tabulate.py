@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from normprop_cli import hints, io
+from normprop_cli.verdicts.departures import protocol_note
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
 from normprop_cli.verdicts.rule import (
     INCONCLUSIVE,
@@ -22,7 +23,7 @@ from normprop_cli.verdicts.rule import (
     level_of,
     verdict,
 )
-from normprop_cli.verdicts.sources import budget, plural, protocol_note, provenance, result_dirs
+from normprop_cli.verdicts.sources import budget, provenance, result_dirs
 
 COLUMNS = ["dataset", "preset", "claim", "source", "experiment", "metric", "normprop", "baseline",
            "effect", "ci_low", "ci_high", "test", "margin", "n_seeds", "verdict", "verdict_half_a",
@@ -84,9 +85,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
     rows = []
     for sweep in dirs:
         prov = provenance(sweep)
-        theory = claim.experiment == "theory"
-        dataset = "N(0,1) input" if theory else prov.get("dataset", sweep.name)
-        row = head | {"dataset": dataset, "preset": preset if theory else prov.get("preset", preset)}
+        row = head | {"dataset": prov.get("dataset", sweep.name), "preset": prov.get("preset", preset)}
         try:
             m = MEASURES[claim.id](claim, sweep, prov)
         except NotMeasured as exc:
@@ -95,9 +94,9 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
             rows.append(row | {"verdict": NOT_MEASURED, "note": note})
             continue
         notes = margin_note(claim, m) + list(m.notes)
-        if theory:
-            seeds = m.table["seed"].nunique()
-            row["budget"] = f"N(0,1) input, no training, fc net of {m.metric['depth']} layers, {plural(seeds, 'seed')}"
+        row["dataset"] = m.dataset or row["dataset"]
+        if m.budget:
+            row["budget"] = m.budget
         elif prov:
             row["budget"] = budget(prov)
             notes += protocol_note(claim.experiment, prov)

@@ -8,7 +8,7 @@ import torch
 
 from normprop_cli import device as devices
 from normprop_cli.bench import PRECISIONS, bench_data, choose_methods, choose_precisions, run_bench
-from normprop_cli.bench_timing import COLUMNS, EPOCH_COLUMNS, build_step, denormals_flushed
+from normprop_cli.bench.timing import COLUMNS, EPOCH_COLUMNS, build_step, denormals_flushed
 from normprop_cli.engine.step import PHASES, StepOptions
 from normprop_cli.nn.methods import METHODS, model_options
 
@@ -51,7 +51,7 @@ def test_ratios_are_paired_by_round_with_an_interval_around_them(bench):
 
 
 def test_a_paired_ratio_is_the_median_of_the_rounds_with_its_binomial_interval():
-    from normprop_cli.bench_timing import paired_ratio
+    from normprop_cli.bench.timing import paired_ratio
 
     steps = [2.0 * (1 + 0.01 * k) for k in range(100)]
     reference = [1.0] * 100
@@ -65,8 +65,9 @@ def test_a_paired_ratio_is_the_median_of_the_rounds_with_its_binomial_interval()
 
 def test_every_configuration_times_at_least_the_least_steps(monkeypatch):
     """Whatever the budget and the number of methods: 100 timed steps at batch 1, 30 otherwise."""
-    from normprop_cli import bench_timing, config
+    from normprop_cli import config
     from normprop_cli.bench import bench_data
+    from normprop_cli.bench import timing as bench_timing
 
     cpu = torch.device("cpu")
     cfg = config.load("table1", preset="smoke")
@@ -155,7 +156,8 @@ def test_a_method_steps_with_its_model_options():
         jacobians = {m.jacobian for m in step.model.modules() if isinstance(m, NormPropLayer)}
         assert jacobians == ({options["jacobian"]} if "jacobian" in options else set()), method
         assert step.optimizer.param_groups[0]["lr"] == (1e-4 if method == "none" else cfg.train.lr)
-        assert (step.clip is not None) == ("train.agc" in METHODS[method]), method  # scaled WS: NFNets' clipping
+        clipped = "train.agc" in METHODS[method].settings  # scaled WS: NFNets' clipping
+        assert (step.clip is not None) == clipped, method
 
 
 def test_methods_pick_a_subset_and_ratios_need_their_reference(cli):

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli import bench, bench_timing, config, gpu_check
+from normprop_cli import bench, config
+from normprop_cli.bench import gpu_check
+from normprop_cli.bench import timing as bench_timing
 
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run make gpu-check")
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +50,12 @@ def test_the_pipeline_on_the_cpu_writes_every_file(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "CIFAR_SIZES", (100, 20, 20))
     monkeypatch.setattr(bench, "choose_precisions", lambda dev, p=None: (("float32",), ""))
     done = subprocess.CompletedProcess([], 0, stdout="....\n9 passed in 3.10s\n", stderr="")
-    monkeypatch.setattr(gpu_check.subprocess, "run", lambda *a, **k: done)
+    real_run = subprocess.run  # the CUDA tests' pytest answers `done`; anything else (uname) runs
+
+    def run(args, *a, **k):
+        return done if "pytest" in " ".join(map(str, args)) else real_run(args, *a, **k)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
     methods = ("none", "normprop-icml")
     code = gpu_check.run_gpu_check(tmp_path, methods, budget_s=0.01, batch_sizes=(2,), widths=(0.0625,))
     out = tmp_path / "bench" / "gpu"

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from normprop_cli import config
-from normprop_cli.experiments import RUNNERS
+from normprop_cli.experiments import EXPERIMENTS
 
 
 def test_list_names_every_experiment_dataset_and_preset(cli):
@@ -24,7 +24,7 @@ def test_info_reports_versions_device_and_datasets(cli, tmp_path):
 
 
 def test_every_experiment_yaml_has_a_runner():
-    assert set(config.options("experiment")) == set(RUNNERS)
+    assert set(config.options("experiment")) == set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,10 @@ from torch import nn
 
 from normprop_cli.data.normalize import ZCADataNorm, make_data_norm
 from normprop_cli.engine.step import StepOptions, clipped_parameters, make_optimizer, make_step
+from normprop_cli.experiments import grid
 from normprop_cli.nn import NIN
 from normprop_cli.nn.layers import NormPropConv2d
-from normprop_cli.nn.methods import METHODS, method_of, settings
+from normprop_cli.nn.methods import method_of, settings
 from normprop_cli.nn.nin import affine_parameters
 from normprop_cli.nn.normalizers import BatchRenorm2d, renorm_in_steps
 
@@ -72,11 +73,11 @@ def test_every_method_can_share_the_plain_classifier_and_the_ablation_keeps_norm
     plain = NIN(10, 1, "normprop", 0.125, classifier="plain")
     own = NIN(10, 1, "normprop", 0.125)
     assert type(plain.hidden_layers()[-1]) is nn.Conv2d and isinstance(own.hidden_layers()[-1], NormPropConv2d)
-    among = list(METHODS)
-    assert method_of({"norm": "normprop", "jacobian": "divide", "classifier": "plain"}, among) == "normprop-icml"
-    assert method_of({"norm": "normprop", "jacobian": "divide", "classifier": "own"}, among) == (
-        "normprop-icml-own-classifier"
-    )
+    by_id = {e.id: e.set for e in grid.load("normalizers", preset="quick").grid}
+    icml = by_id["normprop-icml-b1"]
+    assert icml["method"] == "normprop-icml" and "model.classifier" not in icml
+    assert by_id["normprop-icml-own-classifier-b1"]["model.classifier"] == "own"  # the rest share the YAML's plain
+    assert method_of({"norm": "normprop", "jacobian": "init"}) == "normprop-arxiv"  # where no grid names it
     assert settings("scaledws")["train.agc"] == 0.01 and settings("scaledws")["model.norm"] == "scaledws"
 
 

@@ -2,6 +2,7 @@ import pytest
 from typer.testing import CliRunner
 
 from normprop_cli.cli import app
+from normprop_cli.experiments import plots
 
 
 @pytest.fixture(scope="session")
@@ -36,17 +37,15 @@ def assert_redraws(cli):
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures an experiment's plot draws, by name (e.g. "table1"): results.save records each figure
+    """The figures an experiment's plot draws, by name (e.g. "table1"): plots.save records each figure
     before saving it, so that a test reads its axes, labels and legends."""
-    from normprop_cli.experiments import results
-
-    figures, save = {}, results.save
+    figures, save = {}, plots.save
 
     def record(fig, cfg, name):
         figures[name] = fig
         return save(fig, cfg, name)
 
-    monkeypatch.setattr(results, "save", record)
+    monkeypatch.setattr(plots, "save", record)
     return figures
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from normprop_cli import config
 from normprop_cli.experiments import convergence
-from normprop_cli.experiments.results import proportion_ci
+from normprop_cli.statistics import proportion_ci
 
 SMOKE = ["--preset", "smoke", "--quiet"]
 

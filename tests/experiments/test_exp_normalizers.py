@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from normprop_cli import config
 from normprop_cli.cli import app
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import normalizers
+from normprop_cli.experiments import grid, normalizers
 from normprop_cli.nn import NIN
 from normprop_cli.nn.methods import METHODS
 
@@ -54,7 +54,7 @@ def test_only_batch_statistics_at_batch_1_get_the_mode_gap(sweep):
 
 
 def test_the_report_ranks_and_names_who_beats_normprop(sweep):
-    cfg = config.load("normalizers", preset="smoke", overrides=["results_dir=" + str(sweep.parents[1])])
+    cfg = grid.load("normalizers", preset="smoke", overrides=["results_dir=" + str(sweep.parents[1])])
     text = "\n".join(normalizers.paragraphs(cfg))
     assert text.count("| rank | method |") == 2 and "At batch 1, " in text and "At batch 8, " in text
     assert "training minus evaluation mode" in text
@@ -62,7 +62,7 @@ def test_the_report_ranks_and_names_who_beats_normprop(sweep):
 
 
 def test_method_grid_builds_every_method_from_the_registry():
-    cfg = config.load("normalizers", preset="quick")
+    cfg = grid.load("normalizers", preset="quick")
     ids = [e.id for e in cfg.grid]
     assert len(ids) == len(METHODS) * 3 and len(set(ids)) == len(ids)
     by_id = {e.id: e.set for e in cfg.grid}
@@ -71,9 +71,9 @@ def test_method_grid_builds_every_method_from_the_registry():
     assert by_id["none-b50"]["train.lr"] == pytest.approx(0.05 * 0.1)  # lr_scale
     assert by_id["groupnorm-b50"]["train.lr"] == pytest.approx(0.05)
     with pytest.raises(UserError, match="experiment.methods: nope not known"):
-        config.load("normalizers", overrides=["experiment.methods=[nope]"])
+        grid.load("normalizers", overrides=["experiment.methods=[nope]"])
     with pytest.raises(UserError, match="one per batch size"):
-        config.load("normalizers", overrides=["experiment.lr=[0.1]"])
+        grid.load("normalizers", overrides=["experiment.lr=[0.1]"])
 
 
 def test_welch_reading_matches_the_interval():
@@ -129,7 +129,6 @@ def test_impossible_method_options_are_one_line_errors(tmp_path, override, messa
 def test_the_report_names_rates_at_an_edge_and_rates_chosen_among_chance_scores(tmp_path):
     """A chosen rate still at an edge is named with the rates tried; a setting whose every rate scored
     near chance is said to have an arbitrary rate."""
-    from normprop_cli import config
     from normprop_cli.experiments.normalizers.findings import edges
     from normprop_cli.experiments.results import write
 

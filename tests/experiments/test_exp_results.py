@@ -3,37 +3,38 @@
 import inspect
 import math
 import re
+import sys
 from collections.abc import Mapping
 
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from normprop_cli import config
-from normprop_cli.experiments import results, runner
+from normprop_cli import config, statistics
+from normprop_cli.experiments import EXPERIMENTS, results
 
 TRAINING = ["data-norm", "covariate-shift", "convergence", "batch-size", "table1", "timing"]
 
 
 def test_interval_of_a_known_sample():
     # [1, 2, 3]: mean 2, sd 1, half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321 = 2.484
-    ci = results.mean_ci([1.0, 2.0, 3.0])
+    ci = statistics.mean_ci([1.0, 2.0, 3.0])
     assert ci["n"] == 3 and ci["mean"] == 2.0 and ci["sd"] == 1.0
     assert ci["ci_high"] - 2.0 == pytest.approx(2.484, abs=5e-4)
     assert 2.0 - ci["ci_low"] == pytest.approx(2.484, abs=5e-4)
 
 
 def test_one_seed_has_no_interval_and_nonfinite_values_are_left_out():
-    one = results.mean_ci([5.0])
+    one = statistics.mean_ci([5.0])
     assert one["n"] == 1 and one["mean"] == 5.0
     assert math.isnan(one["ci_low"]) and math.isnan(one["ci_high"])
-    assert results.mean_ci([1.0, float("nan"), 3.0])["n"] == 2
+    assert statistics.mean_ci([1.0, float("nan"), 3.0])["n"] == 2
 
 
 def test_an_interval_is_written_from_mean_ci_or_from_a_curve_row():
-    ci = results.mean_ci([1.0, 2.0, 3.0])
-    assert results.format_mean_ci(ci) == results.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"])
-    assert results.format_mean_ci(pd.Series({"mean": 5.0, "ci_low": math.nan, "ci_high": math.nan}), 3) == "5.000"
+    ci = statistics.mean_ci([1.0, 2.0, 3.0])
+    assert statistics.format_mean_ci(ci) == statistics.format_ci(ci["mean"], ci["ci_low"], ci["ci_high"])
+    assert statistics.format_mean_ci(pd.Series({"mean": 5.0, "ci_low": math.nan, "ci_high": math.nan}), 3) == "5.000"
 
 
 def published(node) -> list[float]:
@@ -48,7 +49,7 @@ def test_the_papers_numbers_live_in_the_yaml_alone(experiment):
     """The runner reads the paper's published numbers from experiment.paper_*; its code restates none."""
     paper = OmegaConf.to_container(config.load(experiment).experiment)
     numbers = published({k: v for k, v in paper.items() if k.startswith("paper_")})
-    source = inspect.getsource(runner(experiment))
+    source = inspect.getsource(sys.modules[EXPERIMENTS[experiment].run.__module__])
     assert numbers and not [x for x in numbers if re.search(rf"(?<![\d.]){re.escape(f'{x:g}')}(?!\.?\d)", source)]
 
 
@@ -63,7 +64,7 @@ def test_curves_are_per_setting_and_epoch():
     c = results.curves(epochs, ["method"]).set_index(["method", "epoch"])
     assert list(c.columns) == ["n", "diverged", "mean", "sd", "ci_low", "ci_high"]
     assert c.loc[("a", 1), "mean"] == 2.0 and c.loc[("a", 1), "n"] == 3 and (c["diverged"] == 0).all()
-    assert c.loc[("a", 1), "ci_low"] == results.proportion_ci([1.0, 2.0, 3.0])["ci_low"] > 0.0
+    assert c.loc[("a", 1), "ci_low"] == statistics.proportion_ci([1.0, 2.0, 3.0])["ci_low"] > 0.0
     assert c.loc[("a", 2), "ci_low"] == c.loc[("a", 2), "ci_high"] == 4.0  # no spread, no width
     assert c.loc[("b", 2), "n"] == 1 and math.isnan(c.loc[("b", 2), "ci_low"])
 

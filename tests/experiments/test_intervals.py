@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from normprop_cli import config
+from normprop_cli import config, outcomes, statistics
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.experiments import batch_size, data_norm, normalizers, results, table1, timing
 from normprop_cli.verdicts import measures, rule
@@ -21,7 +21,7 @@ BIMODAL = [[10.0, 10.0, 95.0, 96.0, 97.0], [0.0, 100.0, 100.0], [97.0, 99.0, 100
 
 @pytest.mark.parametrize("values", BIMODAL)
 def test_the_interval_of_an_accuracy_stays_within_0_and_100_and_holds_its_mean(values):
-    ci = results.proportion_ci(values)
+    ci = statistics.proportion_ci(values)
     assert 0.0 <= ci["ci_low"] <= ci["mean"] <= ci["ci_high"] <= 100.0
     assert ci["ci_low"] < ci["ci_high"]
     assert ci["mean"] == pytest.approx(np.mean(values)) and ci["n"] == len(values)
@@ -29,9 +29,9 @@ def test_the_interval_of_an_accuracy_stays_within_0_and_100_and_holds_its_mean(v
 
 def test_the_student_t_interval_of_the_same_bimodal_values_leaves_the_range():
     """Why accuracies need their own interval: the plain t interval passes 0 and 100 here."""
-    t = results.mean_ci(BIMODAL[0])
+    t = statistics.mean_ci(BIMODAL[0])
     assert t["ci_high"] > 100.0
-    assert results.mean_ci(BIMODAL[1])["ci_low"] < 0.0
+    assert statistics.mean_ci(BIMODAL[1])["ci_low"] < 0.0
 
 
 def test_the_interval_is_the_t_interval_on_the_logit_scale_of_the_mean():
@@ -40,20 +40,20 @@ def test_the_interval_is_the_t_interval_on_the_logit_scale_of_the_mean():
     half = stats.t.ppf(0.975, len(x) - 1) * se / (p * (1 - p))
     logit = math.log(p / (1 - p))
     expected = [100.0 / (1.0 + math.exp(-(logit + s * half))) for s in (-1, 1)]
-    ci = results.proportion_ci(BIMODAL[0])
+    ci = statistics.proportion_ci(BIMODAL[0])
     assert [ci["ci_low"], ci["ci_high"]] == pytest.approx(expected, rel=1e-9)
 
 
 def test_far_from_the_bounds_it_is_close_to_the_t_interval():
     values = [50.0, 50.5, 51.0, 49.5, 50.2]
-    logit, t = results.proportion_ci(values), results.mean_ci(values)
+    logit, t = statistics.proportion_ci(values), statistics.mean_ci(values)
     assert logit["ci_low"] == pytest.approx(t["ci_low"], abs=0.01)
     assert logit["ci_high"] == pytest.approx(t["ci_high"], abs=0.01)
 
 
 def test_one_value_has_no_interval_and_equal_values_have_no_width():
-    assert math.isnan(results.proportion_ci([80.0])["ci_low"])
-    assert results.proportion_ci([100.0, 100.0, 100.0]) == {
+    assert math.isnan(statistics.proportion_ci([80.0])["ci_low"])
+    assert statistics.proportion_ci([100.0, 100.0, 100.0]) == {
         "n": 3,
         "mean": 100.0,
         "sd": 0.0,
@@ -128,9 +128,9 @@ def test_data_norm_headlines_leave_diverged_runs_out_and_say_how_many(tmp_path):
             for s, acc in enumerate(accs)]  # fmt: skip
     write(cfg, "summary", pd.DataFrame(rows))
     final = next(r for r in data_norm.headlines(cfg) if r["quantity"].startswith("final test accuracy"))
-    ci = results.proportion_ci([96.0, 97.0, 95.0])
+    ci = statistics.proportion_ci([96.0, 97.0, 95.0])
     assert "n = 3" in final["quantity"]
-    assert final["reproduced"] == f"{results.format_mean_ci(ci)}; 1 of 4 runs diverged (left out)"
+    assert final["reproduced"] == f"{statistics.format_mean_ci(ci)}; 1 of 4 runs diverged (left out)"
     assert "96.00" in final["reproduced"]
 
 
@@ -154,7 +154,7 @@ def test_a_run_that_learns_in_training_mode_only_did_learn():
     summary = pd.DataFrame({"run": ["bn-s0", "bn-s1", "none-s0"], "learned": [False, False, False],
                             "train_mode_acc": [97.0, 12.0, math.nan]})  # fmt: skip
     assert results.learned_in_a_mode(summary, cfg).tolist() == [True, False, False]
-    assert results.learned_flags(summary).tolist() == [False, False, False]
+    assert outcomes.learned_flags(summary).tolist() == [False, False, False]
 
 
 def normalizer_summary() -> pd.DataFrame:

@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.experiments import results
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.covariate_shift import final_population
 from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, setting_table, tables
 from normprop_cli.experiments.drift.affine import AFFINE_COLUMNS, AffineProbe, final_change
@@ -86,6 +87,7 @@ __all__ = [
 ]
 
 
+@experiment("drift", section="beyond the paper (drift)", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
     if cfg.experiment.get("lr_sweep") is not None:
         kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731

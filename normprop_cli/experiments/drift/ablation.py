@@ -13,8 +13,9 @@ from collections.abc import Callable
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from normprop_cli import outcomes, statistics
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.experiments import intervals, results
+from normprop_cli.experiments import results
 from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
 
 # What a grid entry's `set` can change beside the method: (key, value) -> (name suffix, label, the part of
@@ -77,9 +78,9 @@ def cause(cfg: DictConfig, setting: str) -> str:
     return " and ".join(found) if found else f"what {setting} changes"
 
 
-def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its Welch interval at `level` (intervals.welch without the p-value)."""
-    return intervals.welch(a, b, level)[:3]
+def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its Welch interval at `level` (statistics.welch without the p-value)."""
+    return statistics.welch(a, b, level)[:3]
 
 
 def reading(diff: float, low: float, high: float) -> str:
@@ -133,14 +134,14 @@ def setting_table(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> 
     rows = []
     for setting, g in summary.groupby("setting", sort=False):
         kept = results.kept(g)
-        kept = kept[results.learned_flags(kept).eq(True)] if "learned" in kept else kept
+        kept = kept[outcomes.learned_flags(kept).eq(True)] if "learned" in kept else kept
         method, width = g["method"].iloc[0], float(g["width"].iloc[0]) if "width" in g else math.nan
-        acc = results.proportion_ci(kept["final_test_acc"]) if "final_test_acc" in kept else results.mean_ci([])
+        acc = statistics.proportion_ci(kept["final_test_acc"]) if "final_test_acc" in kept else statistics.mean_ci([])
         row = {"setting": setting, "method": method, "width": width, "label": label(cfg, setting, method),
-               "lr": lr.get(setting, math.nan), "n": len(kept), "diverged": int(results.diverged(g).sum()),
+               "lr": lr.get(setting, math.nan), "n": len(kept), "diverged": int(outcomes.diverged(g).sum()),
                "final_test_acc": acc["mean"], "acc_low": acc["ci_low"], "acc_high": acc["ci_high"]}  # fmt: skip
         for q in QUANTITIES:
-            ci = results.mean_ci(per_seed(population, setting, q))
+            ci = statistics.mean_ci(per_seed(population, setting, q))
             row |= {q: ci["mean"], f"{q}_low": ci["ci_low"], f"{q}_high": ci["ci_high"]}
         row["ratio"] = per_seed(spread, setting, "ratio").mean()
         row["gamma_change"] = per_seed(affine, setting, "gamma_change").mean()

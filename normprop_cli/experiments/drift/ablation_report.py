@@ -19,7 +19,7 @@ from normprop_cli.experiments.drift.ablation import (
     tables,
 )
 from normprop_cli.experiments.drift.tables import ablation_settings
-from normprop_cli.experiments.results import format_ci
+from normprop_cli.statistics import format_ci, markdown
 
 
 def ablation_headlines(cfg: DictConfig) -> list[dict]:
@@ -80,17 +80,17 @@ def _intro(cfg: DictConfig, last: int) -> str:
 
 
 def _markdown(s: pd.DataFrame) -> str:
-    head = ("| setting | method | width | rate | n | final test acc. (%) | avg drift | avg abs. mean | avg std "
-            "| spread ratio | gamma change | beta change |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+    head = ["setting", "method", "width", "rate", "n", "final test acc. (%)", "avg drift", "avg abs. mean", "avg std",
+            "spread ratio", "gamma change", "beta change"]  # fmt: skip
+    rows = []
     for _, r in s.iterrows():
         gone = f" ({int(r['diverged'])} diverged)" if r["diverged"] else ""
         cells = [f"`{r['setting']}`", r["label"], f"{r['width']:g}", _num(r["lr"], "g"), f"{int(r['n'])}{gone}",
                  format_ci(r["final_test_acc"], r["acc_low"], r["acc_high"]),
                  *[format_ci(r[q], r[f"{q}_low"], r[f"{q}_high"]) for q in QUANTITIES],
                  _num(r["ratio"]), _num(r["gamma_change"], ".3f"), _num(r["beta_change"], ".3f")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return "\n".join(markdown(head, rows))
 
 
 def _num(v: float, spec: str = ".2f") -> str:

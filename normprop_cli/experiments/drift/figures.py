@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots, results
 from normprop_cli.experiments.drift.ablation import label, read_optional
 from normprop_cli.experiments.drift.tables import (
     ablation_settings,
@@ -28,7 +28,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     layers 1..9), one line per (method, width). Means over seeds."""
     from matplotlib.ticker import MaxNLocator
 
-    plt = results.pyplot()
+    plt = plots.pyplot()
     spread, population = main_rows(results.read(cfg, "spread")), main_rows(results.read(cfg, "population"))
     groups = by_group(spread)
     ncol = max(3, len(groups))
@@ -71,9 +71,9 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
-    fig.suptitle(results.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
+    fig.suptitle(plots.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return results.save(fig, cfg, "drift") + plot_ablation(cfg)
+    return plots.save(fig, cfg, "drift") + plot_ablation(cfg)
 
 
 def plot_ablation(cfg: DictConfig) -> list[Path]:
@@ -87,7 +87,7 @@ def plot_ablation(cfg: DictConfig) -> list[Path]:
     if not ablation_settings(population):
         return []
     population, affine = learned_rows(cfg, population), learned_rows(cfg, read_optional(cfg, "affine"))
-    plt = results.pyplot()
+    plt = plots.pyplot()
     panels = 4 if len(affine) else 2
     fig, axes = plt.subplots(1, panels, figsize=(3.9 * panels, 4.2), squeeze=False)
     ax = axes[0]
@@ -120,9 +120,9 @@ def plot_ablation(cfg: DictConfig) -> list[Path]:
     handles, names = ax[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=7, frameon=False)
-    fig.suptitle(results.title(cfg, "Drift ablation: which part of NormProp moves its layer inputs"), fontsize=10)
+    fig.suptitle(plots.title(cfg, "Drift ablation: which part of NormProp moves its layer inputs"), fontsize=10)
     fig.tight_layout(rect=(0, 0.06 * ((len(names) + 3) // 4), 1, 0.95))
-    return results.save(fig, cfg, "drift_ablation")
+    return plots.save(fig, cfg, "drift_ablation")
 
 
 def _xy(series: pd.Series):

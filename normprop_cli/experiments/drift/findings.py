@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from normprop_cli.experiments import results
 from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
 from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
-from normprop_cli.experiments.results import format_mean_ci
+from normprop_cli.statistics import format_mean_ci
 from normprop_cli.verdicts import claims
 
 PREMISE = 1.2  # a mean ratio above this says the pre-activation's spread is not the input's

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pandas as pd
 from omegaconf import DictConfig
 
+from normprop_cli import outcomes, statistics
 from normprop_cli.experiments import results
-from normprop_cli.experiments.results import learned_flags
+from normprop_cli.outcomes import learned_flags
 
 GROUP = ["method", "width"]
 
@@ -24,7 +25,7 @@ def learned_rows(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
     summary = results.read(cfg, "summary")
     if "learned" not in summary or not len(table):
         return table
-    kept = summary.loc[learned_flags(summary).eq(True) & ~results.diverged(summary), "run"]
+    kept = summary.loc[learned_flags(summary).eq(True) & ~outcomes.diverged(summary), "run"]
     return table[table["run"].isin(kept)]
 
 
@@ -74,4 +75,4 @@ def mean_at(g: pd.DataFrame, column: str, epoch: int, layers=None) -> dict:
     g = g[g["epoch"] == epoch]
     if layers is not None:
         g = g[g["layer"].isin(layers)]
-    return results.mean_ci(g.groupby("seed")[column].mean())
+    return statistics.mean_ci(g.groupby("seed")[column].mean())

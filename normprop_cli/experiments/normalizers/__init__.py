@@ -3,7 +3,7 @@ Batch Renormalization, no normalisation) on the same NIN, data and protocol, at 
 
     normprop run normalizers [--preset paper] [--seeds 3]
 
-The grid is `experiment.methods` x `experiment.batch_sizes` (config.method_grid); each setting trains at
+The grid is `experiment.methods` x `experiment.batch_sizes` (grid.method_grid); each setting trains at
 the learning rate its validation sweep chose (lr_sweep.py).
 
 lr_sweep.csv     setting, method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen, score, at_edge
@@ -11,7 +11,7 @@ lr_sweep.csv     setting, method, batch_size, lr, seed, epochs, val_acc, val_los
 lr_sweep.png/.pdf  validation accuracy against the rate, per method and batch size
 epochs.csv       every run's metrics per epoch, with `normalizer` and `step_ms` (training seconds per SGD step)
 curves.csv       normalizer, batch_size, epoch: test accuracy (%) over the seeds that did not diverge,
-                 95% interval on the logit scale (results.proportion_ci), diverged runs counted
+                 95% interval on the logit scale (statistics.proportion_ci), diverged runs counted
 summary.csv      one row per run: engine columns + normalizer, batch_size, initial_lr, final_test_acc,
                  best_val_test_acc, step_ms, drift (mean over layers at the final epoch),
                  train_mode_acc, eval_mode_acc (batch-statistics methods at batch 1, final epoch);
@@ -39,13 +39,13 @@ from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.experiments import results
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.batch_size import updates_per_epoch
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.normalizers.figures import plot
 from normprop_cli.experiments.normalizers.findings import headlines, paragraphs, training_details
 from normprop_cli.experiments.normalizers.tables import (
     KEYS,
-    LABELS,
     TABLE,
     best_val_test_acc,
     comparisons,
@@ -57,9 +57,9 @@ from normprop_cli.experiments.normalizers.tables import (
     welch,
 )
 from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe
-from normprop_cli.nn.methods import BATCH_STATISTICS, method_of
+from normprop_cli.nn.methods import METHODS
 
-__all__ = ["KEYS", "LABELS", "TABLE", "ModeGap", "best_val_test_acc", "comparisons", "final_drift", "headlines",
+__all__ = ["KEYS", "TABLE", "ModeGap", "best_val_test_acc", "comparisons", "final_drift", "headlines",
            "label", "observers", "paragraphs", "plot", "read_table", "reading", "run", "table", "training_details",
            "welch"]  # fmt: skip
 
@@ -98,21 +98,21 @@ class ModeGap:
 
 def observers(spec):
     found = [PopulationProbe()]
-    if method_of(spec.cfg.model) in BATCH_STATISTICS and int(spec.cfg.train.batch_size) == 1:
+    if METHODS[spec.cfg.method].batch_statistics and int(spec.cfg.train.batch_size) == 1:
         found.append(ModeGap(int(spec.cfg.experiment.get("mode_gap_every") or 1), int(spec.cfg.train.epochs)))
     return found
 
 
+@experiment("normalizers", section="beyond the paper", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
-    among = list(cfg.experiment.methods)
-    cfg = with_rates(cfg, choose_rates(cfg, method=lambda c: method_of(c.model, among), label=label))
+    cfg = with_rates(cfg, choose_rates(cfg, method=lambda c: c.method, label=label))
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs, observers=observers)
     steps = {spec.name: updates_per_epoch(m, spec.cfg) for spec, m in zip(specs, manifests, strict=True)}
     cols = {"normalizer": "model.norm", "batch_size": "train.batch_size", "initial_lr": "train.lr"}
     epochs = results.gather(specs, columns=cols)
     if len(epochs):
-        epochs["normalizer"] = epochs["run"].map({s.name: method_of(s.cfg.model, among) for s in specs})
+        epochs["normalizer"] = epochs["run"].map({s.name: s.cfg.method for s in specs})
         epochs["step_ms"] = 1000.0 * epochs["train_seconds"] / epochs["run"].map(steps).clip(lower=1)
     population = results.gather(specs, PopulationProbe.name)
     gaps = results.gather(specs, ModeGap.name)
@@ -121,8 +121,8 @@ def run(cfg: DictConfig) -> Path:
 
     def columns(spec):
         runs = results.of_run(epochs, spec.name)
-        m = method_of(spec.cfg.model, among)
-        row = {"normalizer": m, "batch_size": int(spec.cfg.train.batch_size), "initial_lr": float(spec.cfg.train.lr),
+        t = spec.cfg.train
+        row = {"normalizer": spec.cfg.method, "batch_size": int(t.batch_size), "initial_lr": float(t.lr),
                "step_ms": runs["step_ms"].median() if len(runs) else math.nan,
                "drift": final_drift(results.of_run(population, spec.name)),
                "best_val_test_acc": best_val_test_acc(runs)}  # fmt: skip

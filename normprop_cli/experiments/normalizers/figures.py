@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import results
+from normprop_cli.experiments import plots
 from normprop_cli.experiments.lr_sweep import plot_sweep, stepped
 from normprop_cli.experiments.normalizers.tables import label, read_table
 
 
 def plot(cfg: DictConfig) -> list[Path]:
     """Final test accuracy against batch size per method (95% intervals), and seconds per step."""
-    plt = results.pyplot()
+    plt = plots.pyplot()
     t = read_table(cfg)
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     methods = list(dict.fromkeys(cfg.experiment.methods))
@@ -36,13 +36,13 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_xlabel("batch size")
     axes[0].set_ylim(-2, 102)  # accuracies and their intervals lie in [0, 100]
     axes[0].set_ylabel("final test accuracy (%)")
-    axes[0].set_title(results.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
+    axes[0].set_title(plots.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("ms per SGD step (median; parallel workers)")
     axes[1].set_title("step time in the runs (bench times them side by side)", fontsize=10)
     axes[0].legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
-    out = results.save(fig, cfg, "normalizers")
+    out = plots.save(fig, cfg, "normalizers")
     if stepped(cfg):  # normprop plot normalizers redraws the sweep's figure too
         out += plot_sweep(cfg, label)
     return out

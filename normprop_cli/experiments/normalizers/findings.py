@@ -8,8 +8,10 @@ import math
 import pandas as pd
 from omegaconf import DictConfig
 
+from normprop_cli import outcomes, statistics
 from normprop_cli.experiments import results
 from normprop_cli.experiments.normalizers.tables import label, read_table
+from normprop_cli.statistics import markdown
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
@@ -40,7 +42,7 @@ def _ci(row, prefix: str) -> str:
            "train": ("train_mode_acc", "train_mode_low", "train_mode_high"),
            "eval": ("eval_mode_acc", "eval_mode_low", "eval_mode_high"),
            "gap": ("mode_gap", "mode_gap_low", "mode_gap_high")}[prefix]  # fmt: skip
-    return results.format_ci(*(float(row[k]) for k in key))
+    return statistics.format_ci(*(float(row[k]) for k in key))
 
 
 def _counts(row) -> str:
@@ -52,14 +54,14 @@ def _counts(row) -> str:
 
 def _modes(row, cfg: DictConfig) -> str:
     """'learns in training mode and fails in evaluation mode (mean final accuracy at or below chance + 5
-    points; chance is 10%)': each mode's mean final accuracy against chance + results.LEARNED_MARGIN."""
-    bar = results.chance(cfg) + results.LEARNED_MARGIN
+    points; chance is 10%)': each mode's mean final accuracy against chance + outcomes.LEARNED_MARGIN."""
+    bar = results.chance(cfg) + outcomes.LEARNED_MARGIN
     learns = {results.MODES[c]: float(row[c]) > bar for c in ("train_mode_acc", "eval_mode_acc")}
     chance = f"chance is {results.chance(cfg):g}%"
     if all(learns.values()):
-        return f"learns in both modes (mean final accuracy above chance + {results.LEARNED_MARGIN:g} points; {chance})"
+        return f"learns in both modes (mean final accuracy above chance + {outcomes.LEARNED_MARGIN:g} points; {chance})"
     said = " and ".join(f"{'learns' if ok else 'fails'} in {mode}" for mode, ok in learns.items())
-    return f"{said} (fails: mean final accuracy {results.NEAR_CHANCE}; {chance})"
+    return f"{said} (fails: mean final accuracy {outcomes.NEAR_CHANCE}; {chance})"
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
@@ -68,8 +70,8 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     t = read_table(cfg)
     reference = cfg.experiment.get("reference", "normprop-icml")
     ref = label(reference)
-    level = float(t["diff_level"].dropna().iloc[0]) if t["diff_level"].notna().any() else results.LEVEL
-    m = max(1, round((1.0 - results.LEVEL) / max(1.0 - level, 1e-12)))
+    level = float(t["diff_level"].dropna().iloc[0]) if t["diff_level"].notna().any() else statistics.LEVEL
+    m = max(1, round((1.0 - statistics.LEVEL) / max(1.0 - level, 1e-12)))
     out = [
         f"**Normalisers ({cfg.dataset.name}, {cfg.preset.name} preset, {schedule(cfg)}).** Each "
         "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`, "
@@ -87,19 +89,17 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         edges(cfg),
     ]
     for bs, g in t.groupby("batch_size", sort=True):
-        head = (
-            f"| rank | method | lr | final acc (%) [95% CI] | best-val acc (%) | vs {ref} (pp) "
-            f"[{100 * level:.2f}% CI] | drift | ms/step |"
-        )
-        lines = [head, "|---|---|---|---|---|---|---|---|"]
+        head = ["rank", "method", "lr", "final acc (%) [95% CI]", "best-val acc (%)",
+                f"vs {ref} (pp) [{100 * level:.2f}% CI]", "drift", "ms/step"]  # fmt: skip
+        rows = []
         for _, r in g.iterrows():
             vs = "reference" if r["normalizer"] == reference else f"{_ci(r, 'diff')} {r['reading']}"
             final = _ci(r, "final")
             if math.isfinite(float(r["train_mode_acc"])):
                 final += f" in evaluation mode; {_ci(r, 'train')} in training mode"
-            lines.append(f"| {int(r['rank'])} | {label(r['normalizer'])} | {r['lr']:g} | {final}{_counts(r)} | "
-                         f"{_ci(r, 'best')} | {vs} | {_ci(r, 'drift')} | {r['step_ms']:.1f} |")  # fmt: skip
-        out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(lines))
+            rows.append([int(r["rank"]), label(r["normalizer"]), f"{r['lr']:g}", f"{final}{_counts(r)}",
+                         _ci(r, "best"), vs, _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
+        out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(head, rows)))
         out.append(_finding(g, int(bs), ref))
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
@@ -159,7 +159,7 @@ def training_details(cfg: DictConfig) -> str:
             "batch 1, r = sigma_B / sigma and d = (mu_B - mu) / sigma take sigma_B and mu_B from the one "
             "image's own spatial statistics per channel, clipped to [1/rmax, rmax] and [-dmax, dmax]"
         )
-    agc = {m: METHODS[m]["train.agc"] for m in methods if "train.agc" in METHODS.get(m, {})}
+    agc = {m: METHODS[m].settings["train.agc"] for m in methods if m in METHODS and "train.agc" in METHODS[m].settings}
     for m, factor in agc.items():
         parts.append(f"{label(m)} clips its gradients adaptively (NFNets' unit-wise clipping, factor {factor:g}, "
                      "the classifier exempt)")  # fmt: skip
@@ -203,7 +203,7 @@ def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
     every rate scored near chance on validation (evaluation mode): their choice says nothing; '' if none."""
     if "score" not in sweep:
         return ""
-    bar = results.chance(cfg) + results.LEARNED_MARGIN
+    bar = results.chance(cfg) + outcomes.LEARNED_MARGIN
     best = sweep.groupby("setting").agg(method=("method", "first"), batch_size=("batch_size", "first"),
                                         top=("score", "max"))  # fmt: skip
     flat = best[best["top"] <= bar]
@@ -211,7 +211,7 @@ def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
         return ""
     names = ", ".join(f"{label(r['method'])} at batch {int(r['batch_size'])}" for _, r in flat.iterrows())
     return (
-        f" For {names}, every rate tried scored within {results.LEARNED_MARGIN:g} points of chance on "
+        f" For {names}, every rate tried scored within {outcomes.LEARNED_MARGIN:g} points of chance on "
         "validation (evaluation mode, the mode the sweep scores), so the rate chosen among them is arbitrary "
         "(the batch-statistics methods' training-mode accuracy at batch 1 is given beside the table)."
     )

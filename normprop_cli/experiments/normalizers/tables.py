@@ -8,7 +8,9 @@ import math
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import intervals, results
+from normprop_cli import statistics
+from normprop_cli.experiments import results
+from normprop_cli.nn import methods
 
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
 TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "final_acc", "final_low",
@@ -16,26 +18,11 @@ TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "
          "p_value", "diff_level", "reading", "step_ms", "drift", "drift_low", "drift_high", "train_mode_acc",
          "train_mode_low", "train_mode_high", "eval_mode_acc", "eval_mode_low", "eval_mode_high", "mode_gap",
          "mode_gap_low", "mode_gap_high"]  # fmt: skip
-LABELS = {
-    "none": "no normalisation",
-    "batchnorm": "BatchNorm",
-    "batchrenorm": "Batch Renorm",
-    "weightnorm": "weight norm",
-    "layernorm": "LayerNorm",
-    "groupnorm": "GroupNorm",
-    "ws-gn": "WS + GroupNorm",
-    "scaledws": "scaled WS (NF)",
-    "frn": "FRN + TLU",
-    "evonorm": "EvoNorm-S0",
-    "online": "Online Norm",
-    "normprop-icml": "NormProp (ICML)",
-    "normprop-arxiv": "NormProp (arXiv)",
-    "normprop-icml-own-classifier": "NormProp (ICML), own classifier",
-}
 
 
 def label(method: str) -> str:
-    return LABELS.get(method, method)
+    """A method's label, as its registration (nn.methods) gives it."""
+    return methods.label(method)
 
 
 def final_drift(population: pd.DataFrame) -> float:
@@ -51,11 +38,11 @@ def best_val_test_acc(runs: pd.DataFrame) -> float:
     return float(runs.loc[runs["val_acc"].idxmax(), "test_acc"]) if len(runs) else math.nan
 
 
-def welch(a, b, level: float = results.LEVEL) -> tuple[float, float, float, float]:
-    """mean(a) - mean(b), its Welch interval at `level` (intervals.welch) kept within [-100, 100] (a
+def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float, float]:
+    """mean(a) - mean(b), its Welch interval at `level` (statistics.welch) kept within [-100, 100] (a
     difference of two accuracies in %), and the two-sided p-value; no interval where neither side
     has a spread (near-identical accuracies say nothing about a difference)."""
-    diff, low, high, p = intervals.welch(a, b, level)
+    diff, low, high, p = statistics.welch(a, b, level)
     if low == high:
         return diff, math.nan, math.nan, math.nan
     return diff, max(low, -100.0), min(high, 100.0), p
@@ -84,20 +71,21 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     the mode gap and the difference from the reference with t intervals; `learned` counts the runs
     that learned in a mode they are scored in (results.learned_in_a_mode)."""
     reference = cfg.experiment.get("reference", "normprop-icml")
-    level = 1.0 - (1.0 - results.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
+    level = 1.0 - (1.0 - statistics.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
     rows = []
     for bs, every in summary.groupby("batch_size", sort=True):
         at = results.kept(every)
         ref = at.loc[at["normalizer"] == reference, "final_test_acc"]
         for method, runs in every.groupby("normalizer", sort=False):
             g = results.kept(runs)
-            final, best = results.proportion_ci(g["final_test_acc"]), results.proportion_ci(g["best_val_test_acc"])
-            drift = results.mean_ci(g["drift"])
+            final = statistics.proportion_ci(g["final_test_acc"])
+            best = statistics.proportion_ci(g["best_val_test_acc"])
+            drift = statistics.mean_ci(g["drift"])
             drift["ci_low"] = max(drift.get("ci_low", math.nan), 0.0)  # an average distance: never below 0
             modes = {}  # train_mode_acc, train_mode_low, ..., eval_mode_high
             for column in results.MODES:
-                modes |= _ci_columns(column, results.proportion_ci(g[column]) if column in g else {})
-            gap = results.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
+                modes |= _ci_columns(column, statistics.proportion_ci(g[column]) if column in g else {})
+            gap = statistics.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
             diff = welch(g["final_test_acc"], ref, level) if method != reference and len(ref) else (math.nan,) * 4
             rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
                          "n": final["n"], "diverged": len(runs) - len(g),

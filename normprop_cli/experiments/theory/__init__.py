@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from normprop_cli import io
+from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.results import command, read_csv
 from normprop_cli.experiments.theory.activations import activation_table
 from normprop_cli.experiments.theory.common import published
@@ -51,23 +52,6 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def run(cfg: DictConfig) -> Path:
-    out = out_dir(cfg)
-    with one_thread():
-        jacobian, histogram = jacobian_tables(cfg)
-        tables = {
-            "activation_stats": activation_table(cfg),
-            "jacobian": jacobian,
-            "jacobian_histogram": histogram,
-            "proposition1": proposition1_table(cfg),
-            "propagation": propagation_table(cfg),
-        }
-    for name, frame in tables.items():
-        io.write_csv(out / f"{name}.csv", frame)
-    plot(cfg)
-    return out
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
@@ -159,3 +143,23 @@ def plot(cfg: DictConfig) -> list[Path]:
             paths += io.save_figure(fig, out / stem)
             plt.close(fig)
     return paths
+
+
+@experiment(
+    "theory", section="Sections 3.2-3.4, Remarks 1-2, Proposition 1", plot=plot, headlines=headlines, trains=False
+)
+def run(cfg: DictConfig) -> Path:
+    out = out_dir(cfg)
+    with one_thread():
+        jacobian, histogram = jacobian_tables(cfg)
+        tables = {
+            "activation_stats": activation_table(cfg),
+            "jacobian": jacobian,
+            "jacobian_histogram": histogram,
+            "proposition1": proposition1_table(cfg),
+            "propagation": propagation_table(cfg),
+        }
+    for name, frame in tables.items():
+        io.write_csv(out / f"{name}.csv", frame)
+    plot(cfg)
+    return out

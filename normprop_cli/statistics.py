@@ -1,12 +1,13 @@
-"""The intervals of the report: `mean_ci`, a Student-t interval for quantities that are not
-proportions (seconds, drift, differences of accuracies in pp), `proportion_ci`, which stays
-inside [0, 100] for accuracies and errors in %, `welch`, the difference of two groups of
-independent seeds; and how they are written ("88.10 [86.93, 89.27]")."""
+"""The package's statistics, below the experiments and the verdicts: one `LEVEL`, one t interval
+(`t_interval`, and `mean_ci` as a row, `paired_interval` on paired differences) for quantities that
+are not proportions (seconds, drift, differences in pp, per-seed effects), `proportion_ci`, which
+stays inside [0, 100] for accuracies and errors in %, `welch`, the difference of two groups of
+independent seeds; how they are written ("88.10 [86.93, 89.27]"), and markdown tables."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -14,20 +15,34 @@ LEVEL = 0.95  # the paper's caps: 95% confidence interval
 PROPORTION_EPS = 1e-6  # a mean proportion is kept this far inside (0, 1) before its logit
 
 
-def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
-    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n), for
-    quantities that are not proportions (seconds, drift, differences of accuracies in pp).
-
-    Non-finite values (a diverged run) are left out; with n = 1 there is no interval (NaN).
-    stdtrit(df, p) is scipy.stats.t.ppf(p, df) without importing scipy.stats (seconds)."""
+def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """The mean and its Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n): the one interval
+    of the package for quantities that are not proportions (seconds, drift, differences of
+    accuracies in pp, a verdict's per-seed effects). Non-finite values (a diverged run) are left
+    out; with n < 2 there is no interval (NaN). stdtrit(df, p) is scipy.stats.t.ppf(p, df) without
+    importing scipy.stats (seconds)."""
     from scipy.special import stdtrit
 
     x = _finite(values)
     n = len(x)
     mean = float(x.mean()) if n else math.nan
-    sd = float(x.std(ddof=1)) if n > 1 else math.nan
-    half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
-    return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = float(stdtrit(n - 1, 0.5 + level / 2) * float(x.std(ddof=1)) / math.sqrt(n))
+    return mean, mean - half, mean + half
+
+
+def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
+    """Mean of x - y (paired by position) and its t interval at `level`."""
+    return t_interval(np.asarray(x, dtype=float) - np.asarray(y, dtype=float), level)
+
+
+def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
+    """t_interval as a row: n, mean, sample sd, ci_low, ci_high."""
+    x = _finite(values)
+    mean, low, high = t_interval(x, level)
+    return {"n": len(x), "mean": mean, "sd": float(x.std(ddof=1)) if len(x) > 1 else math.nan,
+            "ci_low": low, "ci_high": high}  # fmt: skip
 
 
 def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> tuple[float, float, float, float]:
@@ -96,3 +111,13 @@ def format_ci(mean: float, low: float, high: float, digits: int = 2) -> str:
 def format_mean_ci(ci: Mapping, digits: int = 2) -> str:
     """format_ci of a mean_ci result or of a curves.csv row (mean, ci_low, ci_high)."""
     return format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
+
+
+def markdown(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, a line per row (cells as str() gives them:
+    format the numbers first). Every table of the report, the findings and gpu-check's summary."""
+    return [
+        "| " + " | ".join(map(str, header)) + " |",
+        "|" + " --- |" * len(header),
+        *("| " + " | ".join(map(str, row)) + " |" for row in rows),
+    ]

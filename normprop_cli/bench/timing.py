@@ -1,6 +1,6 @@
 """What `normprop bench` and `normprop gpu-check` time: the methods' steps side by side, and whole
 epochs through the trainer. Every step is timed by its own clock (engine.step.StepClock), which
-synchronises the device as a step starts and ends; bench.py says what the tables mean."""
+synchronises the device as a step starts and ends; the package (bench/__init__.py) says what the tables mean."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from normprop_cli import device as devices
 from normprop_cli.engine.step import PHASES, StepClock, StepOptions, make_optimizer, make_step
+from normprop_cli.nn.layers import has_normprop_layers
 from normprop_cli.nn.methods import METHODS, settings
 
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
@@ -47,7 +48,7 @@ def method_cfg(cfg, method: str):
 
 
 def build_step(cfg, data, dev, method, options):
-    """`method`'s model (METHODS' options), SGD and step, the unit-norm constraint where norm is normprop."""
+    """`method`'s model (METHODS' options), SGD and step, the unit-norm constraint where it has NormProp layers."""
     from normprop_cli.engine.trainer import build_model
 
     cfg = method_cfg(cfg, method)
@@ -57,12 +58,13 @@ def build_step(cfg, data, dev, method, options):
         model = model.to(memory_format=torch.channels_last)
     t = cfg.train
     opt = make_optimizer(model, t.lr, t.momentum, t.weight_decay, dev, t.get("decay", "all"))
-    return make_step(model, torch.nn.Identity(), opt, cfg.model.norm == "normprop", options, t.get("agc"))
+    return make_step(model, torch.nn.Identity(), opt, has_normprop_layers(model), options, t.get("agc"))
 
 
-def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions], methods=tuple(METHODS),
+def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions], methods=None,
                steps=None, warmup=2, budget_s=30.0) -> pd.DataFrame:  # fmt: skip
-    """COLUMNS' rows: every width x batch size x (precision: options) of `runs`, `methods` side by side."""
+    """COLUMNS' rows: every width x batch size x (precision: options) of `runs`, `methods` (default: every
+    registered one) side by side."""
     rows = []
     for width in widths:
         for bs in batch_sizes:
@@ -73,9 +75,10 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
-               methods=tuple(METHODS)):  # fmt: skip
+               methods=None):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
     steps only, see StepClock; else empty); {method: whether every loss of its steps was finite}."""
+    methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     x, y = _batches(data, cfg, dev, batch_size)
@@ -101,10 +104,11 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
 
 
-def failing_methods(data, cfg, dev, options: StepOptions, methods=tuple(METHODS), width: float = 0.25,
+def failing_methods(data, cfg, dev, options: StepOptions, methods=None, width: float = 0.25,
                     batch_size: int = 8) -> dict[str, str]:  # fmt: skip
     """{method: its error, one line} for each method whose step fails under `options` (e.g. cannot
     be captured in a CUDA graph); two steps each, on a small NIN."""
+    methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     x, y = _batches(data, cfg, dev, batch_size, count=1)
@@ -169,12 +173,13 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
     return rows
 
 
-def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=tuple(METHODS)) -> pd.DataFrame:
+def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=None) -> pd.DataFrame:
     """Whole epochs through the trainer (train_epoch + evaluate), the methods in turn; the steps
     inside are timed by each run's step clock, so the rest of an epoch is measured too."""
     from normprop_cli.engine.progress import QuietProgress
     from normprop_cli.engine.trainer import evaluate, make_run, train_epoch
 
+    methods = tuple(METHODS) if methods is None else methods
     runs = {}
     for m in methods:
         c = method_cfg(cfg, m)

@@ -3,17 +3,18 @@
     normprop bench        (or make bench) -> results/bench/bench.csv, results/bench/epochs.csv
     normprop bench --methods none,batchnorm,normprop-icml      a subset of the methods
 
-This module chooses what to time and writes the CSVs; bench_timing.py times (each step by its own
-engine.step.StepClock), bench_report.py prints the tables.
+This module chooses what to time and writes the CSVs; timing.py times (each step by its own
+engine.step.StepClock), report.py prints the tables.
 
-Methods. Every method of `nn.methods.METHODS` (none, batchnorm, batchrenorm, weightnorm,
+Methods. Every registered method of `nn.methods.METHODS` (none, batchnorm, batchrenorm, weightnorm,
 layernorm, groupnorm, ws-gn, scaledws, frn, evonorm, online, normprop-icml, normprop-arxiv,
-normprop-icml-own-classifier), or the subset asked for; the `method` column holds that name. A
-method's settings (`norm`, NormProp's `jacobian`, scaled WS's gradient clipping) come from
-METHODS; NormProp's unit-norm constraint follows every step where `norm` is normprop.
+normprop-icml-own-classifier, and any registered since), or the subset asked for; the `method`
+column holds that name. A method's settings (`norm`, NormProp's `jacobian`, scaled WS's gradient
+clipping) come from its registration; NormProp's unit-norm constraint follows every step of a
+model with NormProp layers.
 `ratio_vs_none` and `ratio_vs_batchnorm` are the median over rounds of a method's step time over
 none's (batchnorm's) in the same round, `_low` and `_high` its distribution-free 95% interval
-(bench_timing.paired_ratio; empty where that method was not timed).
+(timing.paired_ratio; empty where that method was not timed).
 
 Steps. For each width and batch size the methods are built side by side and stepped in turn,
 the order rotating every round, so that whatever else slows the machine hits all of them alike.
@@ -21,7 +22,7 @@ A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and
 the unit-norm constraint, on a batch of digits already normalised and on the device. The figure
 is the median of the timed steps after the warm-up ones; `steps=None` times as many rounds (one
 step of every method each) as fit in `budget_s` seconds per configuration, but at least 100 at
-batch 1 and 30 at other batch sizes (bench_timing.LEAST_STEPS), whatever the number of methods,
+batch 1 and 30 at other batch sizes (timing.LEAST_STEPS), whatever the number of methods,
 and at most 400: with many methods a configuration's rounds can take longer than the budget, so
 every ratio rests on enough paired steps to carry an interval. On the CPU the same steps also
 say where the time went, by phase: forward (with the loss), backward, optimizer, constraint.
@@ -52,7 +53,7 @@ import torch
 
 from normprop_cli import device as devices
 from normprop_cli import io
-from normprop_cli.bench_timing import epoch_table, step_table
+from normprop_cli.bench.timing import epoch_table, step_table
 from normprop_cli.data import Dataset, load_dataset
 from normprop_cli.engine.step import StepOptions
 from normprop_cli.nn.methods import METHODS
@@ -109,7 +110,7 @@ def run_bench(
         table.attrs["epochs"] = pd.concat(tables, ignore_index=True)
         io.write_csv(out / "epochs.csv", table.attrs["epochs"])
     if not quiet:
-        from normprop_cli.bench_report import show
+        from normprop_cli.bench.report import show
 
         show(table)
     return table

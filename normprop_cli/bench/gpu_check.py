@@ -7,13 +7,13 @@
    package runs from: every test with `cuda` in its name or parameters (a CUDA graph replays the
    eager steps exactly, NormProp's folded bfloat16 path on the GPU); their output goes to
    cuda_tests.txt.
-2. Steps (bench.csv, bench_timing.COLUMNS): every method of nn.methods.METHODS stepped side by side, as
+2. Steps (bench.csv, timing.COLUMNS): every method of nn.methods.METHODS stepped side by side, as
    `normprop bench` does, at widths 1.0 and 0.25 and batches 1, 50 and 100, under two sets of
    options: `plain` (NCHW, eager: what the trainer does on CUDA by default) and
    `channels_last+cuda_graph` (the whole step one CUDA graph), each in float32 and, where the GPU
    has bf16 tensor cores (`device.bf16_supported`), under bfloat16 autocast. `budget_s` seconds
    of timed rounds per configuration (all methods together).
-3. Epochs (epochs.csv, bench_timing.EPOCH_COLUMNS + options, train_images_per_s): one epoch of the
+3. Epochs (epochs.csv, timing.EPOCH_COLUMNS + options, train_images_per_s): one epoch of the
    paper's CIFAR-10 protocol (section 5: NIN width 1.0, batch 50, batch data normalisation, SGD
    with momentum, then evaluation of 5,000 validation and 10,000 test images) after one warm-up
    epoch, every method in turn, plain float32 and with the fastest options (channels_last, a CUDA
@@ -45,6 +45,7 @@ from normprop_cli import device as devices
 from normprop_cli import io
 from normprop_cli.engine.step import StepOptions
 from normprop_cli.errors import UserError
+from normprop_cli.statistics import markdown
 
 CIFAR_SIZES = (45_000, 5_000, 10_000)  # train / val / test, the paper's CIFAR-10 split (section 5)
 PYTEST = ("-m", "pytest", "-q", "-rs", "-k", "cuda", "tests")
@@ -75,7 +76,7 @@ def run_gpu_check(
 ) -> int:
     """Run the CUDA tests, time steps and CIFAR-10 epochs; write results/bench/gpu/; exit status."""
     from normprop_cli import bench, config
-    from normprop_cli.bench_timing import COLUMNS, describe, epoch_table, failing_methods, step_table
+    from normprop_cli.bench.timing import COLUMNS, describe, epoch_table, failing_methods, step_table
     from normprop_cli.data import load_dataset
     from normprop_cli.engine.trainer import steps_per_epoch
 
@@ -131,7 +132,7 @@ def run_gpu_check(
 def run_cuda_tests(out: Path) -> tuple[int, str] | None:
     """`pytest -k cuda` in the checkout beside the package: (exit status, output), also written to
     cuda_tests.txt; None where there is no tests/ directory (an installed wheel)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout: normprop_cli/bench/gpu_check.py
     if not ((root / "tests").is_dir() and (root / "pyproject.toml").is_file()):
         io.write_text(out / "cuda_tests.txt", f"no tests/ directory in {root}: the CUDA tests were not run\n")
         return None
@@ -182,14 +183,6 @@ def summarise(dev, tested, steps: pd.DataFrame, epochs: pd.DataFrame, failed: di
         lines += ["", "## Left out: the step failed", ""]
         lines += [f"- {m} ({label}, {p}): {why}" for (label, p, m), why in failed.items()]
     return "\n".join(lines) + "\n"
-
-
-def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + " --- |" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
 
 
 def _ms(value: float) -> str:

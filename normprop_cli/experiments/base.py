@@ -1,0 +1,68 @@
+"""What an experiment is, and the registry `normprop run`, `plot`, `reproduce-all` and the report read.
+
+An experiment is one module that ends with its `run`, decorated::
+
+    @experiment("table1", section="Table 1, section 5.5", plot=plot, headlines=headlines)
+    def run(cfg: DictConfig) -> Path:
+        ...
+
+plus its YAML, `conf/experiment/<name>.yaml` (its protocol: `experiment.name`, the grid, the
+epochs). `run(cfg)` trains and writes the CSVs and figures into `results/<name>/<dataset>/` (or
+`results/<name>/` for an experiment that trains nothing, `trains=False`), `plot(cfg)` redraws the
+figures from the CSVs alone, `headlines(cfg)` gives the report's rows (quantity, reproduced, paper)
+and `paragraphs(cfg)`, where given, its findings in sentences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+def no_paragraphs(cfg: DictConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str  # as `normprop run NAME` and conf/experiment/NAME.yaml name it
+    section: str  # where the paper has it, or "beyond the paper"
+    run: Callable[[DictConfig], Path]  # trains, writes CSVs and figures; returns the main CSV
+    plot: Callable[[DictConfig], list[Path]]  # redraws the figures from the CSVs
+    headlines: Callable[[DictConfig], list[dict]]  # the report's rows: quantity, reproduced, paper
+    paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs  # the report's findings
+    trains: bool = True  # False: no runs, no data set; results in results/<name>/
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The data sets the paper reports it on (its YAML's published errors, else CIFAR-10); none
+        where it trains nothing."""
+        from normprop_cli.verdicts.sources import paper_datasets
+
+        return paper_datasets(self.name) if self.trains else ()
+
+
+# In the order `normprop reproduce-all` runs them: that of registration (experiments/__init__.py
+# imports the package's own in the paper's order).
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def experiment(
+    name: str,
+    *,
+    section: str,
+    plot: Callable[[DictConfig], list[Path]],
+    headlines: Callable[[DictConfig], list[dict]],
+    paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs,
+    trains: bool = True,
+) -> Callable[[Callable[[DictConfig], Path]], Callable[[DictConfig], Path]]:
+    """Register the decorated `run` as the experiment `name`, with its other parts."""
+
+    def register(run: Callable[[DictConfig], Path]) -> Callable[[DictConfig], Path]:
+        EXPERIMENTS[name] = Experiment(name, section, run, plot, headlines, paragraphs, trains)
+        return run
+
+    return register

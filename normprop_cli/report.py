@@ -134,7 +134,7 @@ def summary_table(trees: list[Tree], root: Path) -> list[str]:
     table = [[f"{c.id}: {c.claim} ({c.source})",
               *(claims_cell([r for r in tree_rows if r["claim"] == c.id], c.unit) for tree_rows in rows)]
              for c in verdicts.claims()]  # fmt: skip
-    return markdown(["claim", *names], table) + [""]
+    return markdown(table, ["claim", *names]) + [""]
 
 
 def conclusive(trees: list[Tree], claim_id: str) -> list[tuple[str, str, str]]:
@@ -211,7 +211,7 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
         "test",
         "budget",
     ]
-    return markdown(head, table) + [""] + notes + [""]
+    return markdown(table, head) + [""] + notes + [""]
 
 
 BY_EPOCH = re.compile(r"the effect after each epoch \(mean over seeds\): ([^;]*)")
@@ -302,7 +302,7 @@ def section(experiment: str, results: Path, root: Path | None = None, preset: st
             lines += [f"Headline numbers unavailable: {exc}", ""]
         if rows:
             cells = [[r["quantity"], _fmt(r["reproduced"]), _fmt(r.get("paper", ""))] for r in rows]
-            lines += markdown(["quantity", "reproduced", "paper"], cells)
+            lines += markdown(cells, ["quantity", "reproduced", "paper"])
             lines.append("")
         try:
             lines += [p for text in module.paragraphs(cfg) for p in (text, "")]

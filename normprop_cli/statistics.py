@@ -1,48 +1,69 @@
 """The package's statistics, below the experiments and the verdicts: one `LEVEL`, one t interval
-(`t_interval`, and `mean_ci` as a row, `paired_interval` on paired differences) for quantities that
-are not proportions (seconds, drift, differences in pp, per-seed effects), `proportion_ci`, which
-stays inside [0, 100] for accuracies and errors in %, `welch`, the difference of two groups of
-independent seeds; how they are written ("88.10 [86.93, 89.27]"), and markdown tables."""
+(`t_interval`, scipy's one-sample t; `paired_interval` is it on paired differences) for the verdicts'
+per-seed effects, `mean_ci` (the experiments' tables' row of a t interval, see its note) for quantities
+that are not proportions (seconds, drift, differences in pp), `proportion_ci`, which stays inside
+[0, 100] for accuracies and errors in %, `welch`, the difference of two groups of independent seeds;
+how they are written ("88.10 [86.93, 89.27]"), and markdown tables."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
-LEVEL = 0.95  # the paper's caps: 95% confidence interval
+LEVEL = 0.95  # the paper's caps, and the verdicts' superiority and non-inferiority: 95% confidence interval
 PROPORTION_EPS = 1e-6  # a mean proportion is kept this far inside (0, 1) before its logit
 
 
 def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple[float, float, float]:
-    """The mean and its Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n): the one interval
-    of the package for quantities that are not proportions (seconds, drift, differences of
-    accuracies in pp, a verdict's per-seed effects). Non-finite values (a diverged run) are left
-    out; with n < 2 there is no interval (NaN). stdtrit(df, p) is scipy.stats.t.ppf(p, df) without
-    importing scipy.stats (seconds)."""
+    """The mean and its one-sample Student-t interval at `level` (scipy.stats.ttest_1samp), the
+    interval of a verdict's per-seed effects. Non-finite values (a diverged run) are left out; with
+    fewer than 2 values there is no interval (NaN)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    mean = float(x.mean()) if len(x) else math.nan
+    if len(x) < 2:
+        return mean, math.nan, math.nan
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # identical values (zero variance): the interval is the mean
+        ci = stats.ttest_1samp(x, 0.0).confidence_interval(level)
+    return mean, float(ci.low), float(ci.high)
+
+
+def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
+    """Mean of x - y (paired by position) and its paired t interval at `level`: t_interval of the
+    differences, which is scipy.stats.ttest_rel's interval. A non-finite difference makes the mean
+    non-finite and the interval NaN (pairs are not dropped)."""
+    d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
+    if not np.isfinite(d).all():
+        return float(d.mean()), math.nan, math.nan
+    return t_interval(d, level)
+
+
+def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
+    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n), for
+    quantities that are not proportions (seconds, drift, differences of accuracies in pp) in the
+    experiments' CSVs and report. Non-finite values (a diverged run) are left out; with n = 1 there
+    is no interval (NaN). stdtrit(df, p) is scipy.stats.t.ppf(p, df) without importing scipy.stats
+    (seconds).
+
+    In exact arithmetic this is t_interval; in floating point its ends differ from scipy's in the
+    last bits (scipy takes sqrt(var / n) with its own variance, and its lower end from the lower
+    quantile), so it keeps its own arithmetic: the numbers the CSVs and tables already hold stay
+    as written."""
     from scipy.special import stdtrit
 
     x = _finite(values)
     n = len(x)
     mean = float(x.mean()) if n else math.nan
-    if n < 2:
-        return mean, math.nan, math.nan
-    half = float(stdtrit(n - 1, 0.5 + level / 2) * float(x.std(ddof=1)) / math.sqrt(n))
-    return mean, mean - half, mean + half
-
-
-def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
-    """Mean of x - y (paired by position) and its t interval at `level`."""
-    return t_interval(np.asarray(x, dtype=float) - np.asarray(y, dtype=float), level)
-
-
-def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
-    """t_interval as a row: n, mean, sample sd, ci_low, ci_high."""
-    x = _finite(values)
-    mean, low, high = t_interval(x, level)
-    return {"n": len(x), "mean": mean, "sd": float(x.std(ddof=1)) if len(x) > 1 else math.nan,
-            "ci_low": low, "ci_high": high}  # fmt: skip
+    sd = float(x.std(ddof=1)) if n > 1 else math.nan
+    half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
+    return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
 
 
 def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> tuple[float, float, float, float]:
@@ -113,11 +134,18 @@ def format_mean_ci(ci: Mapping, digits: int = 2) -> str:
     return format_ci(ci["mean"], ci["ci_low"], ci["ci_high"], digits)
 
 
-def markdown(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    """A markdown table's lines: the header, its rule, a line per row (cells as str() gives them:
-    format the numbers first). Every table of the report, the findings and gpu-check's summary."""
+def markdown(table, header: Sequence[str] | None = None, rule: str = " --- ") -> list[str]:
+    """A markdown table's lines: the header, its rule (`rule` between the bars of every column: " --- "
+    or "---"), a line per row, each cell as str() gives it (format the numbers first). `table` is a
+    DataFrame, whose columns are the header unless `header` names them, or a sequence of rows with
+    `header`. Every table of the report, the findings and gpu-check's summary."""
+    if isinstance(table, pd.DataFrame):
+        header = list(table.columns) if header is None else header
+        table = table.itertuples(index=False, name=None)
+    if header is None:
+        raise ValueError("markdown: rows need a header")
     return [
         "| " + " | ".join(map(str, header)) + " |",
-        "|" + " --- |" * len(header),
-        *("| " + " | ".join(map(str, row)) + " |" for row in rows),
+        "|" + f"{rule}|" * len(header),
+        *("| " + " | ".join(map(str, row)) + " |" for row in table),
     ]

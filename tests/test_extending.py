@@ -68,7 +68,7 @@ def toy_experiment(tmp_path, monkeypatch):
     def paragraphs(cfg):
         return ["The toy experiment found its answer."]
 
-    @experiment("toy", section="beyond the paper", plot=plot, headlines=headlines, paragraphs=paragraphs, trains=False)
+    @experiment("toy", plot=plot, headlines=headlines, paragraphs=paragraphs, trains=False)
     def run(cfg):
         out_dir(cfg).mkdir(parents=True, exist_ok=True)
         path = out_dir(cfg) / "toy.csv"

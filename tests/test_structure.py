@@ -156,7 +156,7 @@ def test_no_import_runs_back_up_a_floor():
 
 
 def test_statistics_stand_below_the_experiments_and_the_verdicts():
-    assert place("normprop_cli.statistics")[0] > place("normprop_cli.experiments.results")[0]
+    assert place("normprop_cli.statistics")[0] > place("normprop_cli.experiments.tables")[0]
     assert place("normprop_cli.statistics")[0] > place("normprop_cli.verdicts.rule")[0]
     graph = package_graph()
     assert all(t.startswith(("normprop_cli.errors",)) for t in graph["normprop_cli.statistics"])
@@ -164,7 +164,7 @@ def test_statistics_stand_below_the_experiments_and_the_verdicts():
 
 def test_the_floor_check_finds_an_import_that_runs_back_up():
     graph = {
-        "normprop_cli.verdicts.measures": {"normprop_cli.experiments.results"},
+        "normprop_cli.verdicts.measures": {"normprop_cli.experiments.tables"},
         "normprop_cli.cli": {"normprop_cli.nn"},
     }
-    assert upward_imports(graph) == [("normprop_cli.verdicts.measures", "normprop_cli.experiments.results")]
+    assert upward_imports(graph) == [("normprop_cli.verdicts.measures", "normprop_cli.experiments.tables")]

@@ -169,7 +169,7 @@ def summarise(dev, tested, steps: pd.DataFrame, epochs: pd.DataFrame, failed: di
         )
         cols = [m for m in dict.fromkeys(steps["method"]) if m in table.columns]
         rows = [[f"{w:g}", str(bs), p, o, *(_ms(r[m]) for m in cols)] for (w, bs, p, o), r in table[cols].iterrows()]
-        lines += markdown(["width", "batch", "precision", "options", *cols], rows)
+        lines += markdown(rows, ["width", "batch", "precision", "options", *cols])
     lines += ["", "## One epoch of the CIFAR-10 protocol (epochs.csv)", ""]
     lines += [f"{protocol}. epoch s = train s + eval s.", ""]
     if len(epochs):
@@ -178,7 +178,7 @@ def summarise(dev, tested, steps: pd.DataFrame, epochs: pd.DataFrame, failed: di
              f"{r.train_images_per_s:,.0f}"]
             for r in epochs.itertuples()
         ]  # fmt: skip
-        lines += markdown(["method", "precision", "options", "epoch s", "train s", "eval s", "train images/s"], rows)
+        lines += markdown(rows, ["method", "precision", "options", "epoch s", "train s", "eval s", "train images/s"])
     if failed:
         lines += ["", "## Left out: the step failed", ""]
         lines += [f"- {m} ({label}, {p}): {why}" for (label, p, m), why in failed.items()]

@@ -5,7 +5,7 @@ trains and writes CSVs and figures, `plot(cfg)` redraws the figures from the CSV
 Adding an experiment is one YAML, `conf/experiment/<name>.yaml` (with `experiment.name: <name>`),
 plus one module that defines its parts and ends with::
 
-    @experiment("<name>", section="beyond the paper", plot=plot, headlines=headlines)
+    @experiment("<name>", plot=plot, headlines=headlines)
     def run(cfg): ...
 
 imported below (or anywhere before the command runs: the registry is `EXPERIMENTS`).

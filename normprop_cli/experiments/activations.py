@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.probes import PopulationProbe
 from normprop_cli.nn import ACTIVATIONS, activation_stats
@@ -98,18 +98,18 @@ def plot(cfg: DictConfig) -> list[Path]:
     interval and each seed as a dot. Middle and right: NormProp's average std and average |mean| of
     every hidden layer's input, at initialisation (dashed) and after the last epoch (solid)."""
     plt = plots.pyplot()
-    curve, summary = results.read_curves(cfg, KEYS), results.read(cfg, "summary")
-    stats = results.read(cfg, "layer_stats")
+    curve, summary = tables.read_curves(cfg, KEYS), tables.read(cfg, "summary")
+    stats = tables.read(cfg, "layer_stats")
     order = _activations(summary)
     fig, (acc, std, mean) = plt.subplots(1, 3, figsize=(14.5, 4.4))
-    last = results.last_epoch(curve, KEYS)
+    last = tables.last_epoch(curve, KEYS)
     for method, dx in (("normprop", -0.15), ("batchnorm", 0.15)):
         rows = last[last["method"] == method].set_index("activation").reindex(order)
         x = np.arange(len(order)) + dx
         y, low, high = (rows[c].to_numpy(dtype=float) for c in ("mean", "ci_low", "ci_high"))
-        color = results.METHOD_COLORS[method]
+        color = tables.METHOD_COLORS[method]
         yerr = np.nan_to_num(np.vstack([y - low, high - y]))
-        acc.errorbar(x, y, yerr=yerr, fmt="o", capsize=4, color=color, label=results.method_label(method))
+        acc.errorbar(x, y, yerr=yerr, fmt="o", capsize=4, color=color, label=tables.method_label(method))
         runs = summary[summary["method"] == method]
         for i, activation in enumerate(order):
             seeds = runs.loc[runs["activation"] == activation, ACCURACY]
@@ -196,11 +196,11 @@ def headlines(cfg: DictConfig) -> list[dict]:
     statistics.proportion_ci; the diverged counted beside it) and NormProp minus BatchNorm paired by seed
     (a t interval, C8's measure); NormProp's layer statistics at initialisation, beside eq. 12's prediction,
     and after training; the worst activation per seed (C8's effect); the runs that did not learn."""
-    summary, curve = results.read(cfg, "summary"), results.read_curves(cfg, KEYS)
+    summary, curve = tables.read(cfg, "summary"), tables.read_curves(cfg, KEYS)
     if ACCURACY not in summary:
         return []
-    stats = results.read(cfg, "layer_stats")
-    gaps, last = paired_gaps(summary), results.last_epoch(curve, KEYS)
+    stats = tables.read(cfg, "layer_stats")
+    gaps, last = paired_gaps(summary), tables.last_epoch(curve, KEYS)
     rows = []
     for activation in _activations(summary):
         for method in ("normprop", "batchnorm"):
@@ -210,8 +210,8 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 rows.append(
                     {
                         "quantity": f"final test accuracy (%) [95% CI, n = {int(c['n'])}] at epoch {int(c['epoch'])}, "
-                        f"{results.method_label(method)}, {_name(activation)}",
-                        "reproduced": results.with_diverged(
+                        f"{tables.method_label(method)}, {_name(activation)}",
+                        "reproduced": tables.with_diverged(
                             statistics.format_mean_ci(c),
                             summary[(summary["method"] == method) & (summary["activation"] == activation)],
                         ),
@@ -258,12 +258,12 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": NOT_IN_PAPER,
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The findings in sentences, every number read from layer_stats.csv and summary.csv."""
-    summary, stats = results.read(cfg, "summary"), results.read(cfg, "layer_stats")
+    summary, stats = tables.read(cfg, "summary"), tables.read(cfg, "layer_stats")
     order = _activations(summary)
     normprop = {a: s for a in order if (s := _layers(stats, "normprop", a))}
     bn = {a: s for a in order if (s := _layers(stats, "batchnorm", a))}
@@ -279,7 +279,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         after = "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in normprop.items())
         epoch = next(iter(normprop.values()))["epoch"]
         text = (
-            f"At initialisation, over {results.probe_set(cfg)} and in the standard units of each activation "
+            f"At initialisation, over {tables.probe_set(cfg)} and in the standard units of each activation "
             "((x - c2) / c1), "
             f"the input of NormProp's layer 2 (its first layer's output) has an average std of {first}; eq. 12 with "
             f"each activation's own constants and Jacobian factor (jacobian={jacobian}) predicts {predicted} for "
@@ -316,7 +316,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             "That is C8's effect; its verdict, with the halves rule, is in "
             "the table at the top."
         )
-        trend = _effect_by_epoch(results.read(cfg, "epochs"))
+        trend = _effect_by_epoch(tables.read(cfg, "epochs"))
         if len(trend) > 1:
             texts[-1] += (
                 " The same effect after each epoch (mean over seeds): "
@@ -355,7 +355,6 @@ def _against_margin(ci: dict, reference: float) -> str:
 
 @experiment(
     "activations",
-    section="section 4.6 (no experiment in the paper)",
     plot=plot,
     headlines=headlines,
     paragraphs=paragraphs,
@@ -363,10 +362,10 @@ def _against_margin(ci: dict, reference: float) -> str:
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
-    epochs = results.gather(specs, columns={"activation": "model.activation"})
-    population = results.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
-    results.write(cfg, "population", population)
-    results.write(cfg, "layer_stats", layer_stats(population))
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
+    epochs = tables.gather(specs, columns={"activation": "model.activation"})
+    population = tables.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
+    tables.write(cfg, "population", population)
+    tables.write(cfg, "layer_stats", layer_stats(population))
+    out = tables.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns=activation_of)
     plot(cfg)
     return out

@@ -2,15 +2,16 @@
 
 An experiment is one module that ends with its `run`, decorated::
 
-    @experiment("table1", section="Table 1, section 5.5", plot=plot, headlines=headlines)
+    @experiment("table1", plot=plot, headlines=headlines)
     def run(cfg: DictConfig) -> Path:
         ...
 
-plus its YAML, `conf/experiment/<name>.yaml` (its protocol: `experiment.name`, the grid, the
-epochs). `run(cfg)` trains and writes the CSVs and figures into `results/<name>/<dataset>/` (or
-`results/<name>/` for an experiment that trains nothing, `trains=False`), `plot(cfg)` redraws the
-figures from the CSVs alone, `headlines(cfg)` gives the report's rows (quantity, reproduced, paper)
-and `paragraphs(cfg)`, where given, its findings in sentences.
+plus its YAML, `conf/experiment/<name>.yaml` (its protocol: `experiment.name`, `experiment.paper`
+where the paper has it, which is the experiment's `section`, the grid, the epochs). `run(cfg)`
+trains and writes the CSVs and figures into `results/<name>/<dataset>/` (or `results/<name>/` for an
+experiment that trains nothing, `trains=False`), `plot(cfg)` redraws the figures from the CSVs
+alone, `headlines(cfg)` gives the report's rows (quantity, reproduced, paper) and `paragraphs(cfg)`,
+where given, its findings in sentences.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ def no_paragraphs(cfg: DictConfig) -> list[str]:
 @dataclass(frozen=True)
 class Experiment:
     name: str  # as `normprop run NAME` and conf/experiment/NAME.yaml name it
-    section: str  # where the paper has it, or "beyond the paper"
     run: Callable[[DictConfig], Path]  # trains, writes CSVs and figures; returns the main CSV
     plot: Callable[[DictConfig], list[Path]]  # redraws the figures from the CSVs
     headlines: Callable[[DictConfig], list[dict]]  # the report's rows: quantity, reproduced, paper
     paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs  # the report's findings
     trains: bool = True  # False: no runs, no data set; results in results/<name>/
+
+    @property
+    def section(self) -> str:
+        """Where the paper has it (its YAML's `experiment.paper`: "Table 1, section 5.5"), or "beyond the paper"."""
+        from normprop_cli import config
+
+        return str(config.load(self.name).experiment.get("paper") or "")
 
     @property
     def datasets(self) -> tuple[str, ...]:
@@ -53,7 +60,6 @@ EXPERIMENTS: dict[str, Experiment] = {}
 def experiment(
     name: str,
     *,
-    section: str,
     plot: Callable[[DictConfig], list[Path]],
     headlines: Callable[[DictConfig], list[dict]],
     paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs,
@@ -62,7 +68,7 @@ def experiment(
     """Register the decorated `run` as the experiment `name`, with its other parts."""
 
     def register(run: Callable[[DictConfig], Path]) -> Callable[[DictConfig], Path]:
-        EXPERIMENTS[name] = Experiment(name, section, run, plot, headlines, paragraphs, trains)
+        EXPERIMENTS[name] = Experiment(name, run, plot, headlines, paragraphs, trains)
         return run
 
     return register

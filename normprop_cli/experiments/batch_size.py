@@ -27,7 +27,7 @@ from normprop_cli import outcomes, statistics
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.trainer import epoch_steps
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.outcomes import learned_flags
@@ -42,7 +42,7 @@ CAPPED = "updates/epoch"  # in the label of a run whose epochs are cut to train.
 def label(method: str, batch_size: int, lr: float, max_steps: int | None = None) -> str:
     note = f" ({BN_NOTE})" if method == "batchnorm" and int(batch_size) == 1 else ""
     capped = f", {int(max_steps)} {CAPPED}" if max_steps else ""
-    return f"{results.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{capped}{note}"
+    return f"{tables.method_label(method)}, batch {int(batch_size)}, lr {float(lr):g}{capped}{note}"
 
 
 def spec_label(spec) -> str:
@@ -64,7 +64,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     a setting did not learn or chance lies in view, and each setting that did not learn is named in a
     note below the figure (not_learned_notes)."""
     plt = plots.pyplot()
-    curve = results.read_curves(cfg, KEYS, carry=["updates"])
+    curve = tables.read_curves(cfg, KEYS, carry=["updates"])
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
     normprop_sizes = sorted(curve.loc[curve["method"] == "normprop", "batch_size"].unique())
     curve = curve.sort_values(["method", "batch_size"], ascending=[False, True], kind="stable")
@@ -78,7 +78,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         if "updates" in c:
             plots.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
     notes = not_learned_notes(cfg)
-    chance = results.chance(cfg)
+    chance = tables.chance(cfg)
     if notes or axes[0].get_ylim()[0] <= chance:
         for ax in axes:
             ax.axhline(chance, color="k", linewidth=0.8, linestyle=":", label=f"chance ({chance:g}%)")
@@ -105,7 +105,7 @@ def plot(cfg: DictConfig) -> list[Path]:
 def seed_count(curve) -> str:
     """'8 seeds', '1 seed' or '4-8 seeds (n per setting in curves.csv)': the seeds behind each setting's
     last point (curves.csv's n, the diverged runs left out)."""
-    n = results.last_epoch(curve, KEYS)["n"].astype(int) if len(curve) else [0]
+    n = tables.last_epoch(curve, KEYS)["n"].astype(int) if len(curve) else [0]
     lo, hi = min(n), max(n)
     return f"{lo} seed{'s' * (lo != 1)}" if lo == hi else f"{lo}-{hi} seeds (n per setting in curves.csv)"
 
@@ -115,9 +115,9 @@ def not_learned_notes(cfg: DictConfig) -> list[str]:
     accuracy, scored in evaluation mode, at or below chance + outcomes.LEARNED_MARGIN), with its training
     accuracy (epochs.csv's train_acc in the last epoch, in training mode): e.g. BatchNorm at batch 1 learns
     in training mode (each image normalised by its own statistics) and fails in evaluation mode."""
-    summary = results.kept(results.read(cfg, "summary"))
-    epochs = results.read(cfg, "epochs") if (sweep_dir(cfg) / "epochs.csv").exists() else None
-    bar, chance = results.chance(cfg) + outcomes.LEARNED_MARGIN, results.chance(cfg)
+    summary = tables.kept(tables.read(cfg, "summary"))
+    epochs = tables.read(cfg, "epochs") if (sweep_dir(cfg) / "epochs.csv").exists() else None
+    bar, chance = tables.chance(cfg) + outcomes.LEARNED_MARGIN, tables.chance(cfg)
     notes = []
     for _, g in summary.groupby("setting", sort=False):
         if not len(g) or not learned_flags(g).eq(False).all():
@@ -143,21 +143,21 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """Final mean accuracy with its 95% interval per batch size, at its chosen learning rate (the
     diverged runs left out and counted beside it); the trend the paper describes. Every run is scored
     in evaluation mode alone, so BatchNorm at batch 1 "did not learn in evaluation mode"."""
-    curve = results.read_curves(cfg, KEYS, carry=["updates"])
-    summary = results.read(cfg, "summary")
-    last = results.last_epoch(curve, KEYS)
+    curve = tables.read_curves(cfg, KEYS, carry=["updates"])
+    summary = tables.read(cfg, "summary")
+    last = tables.last_epoch(curve, KEYS)
     rows = []
     for _, r in last.sort_values(["method", "batch_size"], ascending=[False, True]).iterrows():
         runs = summary[summary["setting"] == r["setting"]]
-        done = results.kept(runs)
+        done = tables.kept(runs)
         if len(done) and learned_flags(done).eq(False).all():
-            text = results.did_not_learn(r["mean"], cfg, "evaluation mode")
+            text = tables.did_not_learn(r["mean"], cfg, "evaluation mode")
         else:
             text = statistics.format_mean_ci(r)
         updates = f", {int(r['updates'])} updates" if "updates" in r else ""
         rows.append({"quantity": f"final test accuracy (%) [95% CI, n = {int(r['n'])}] at epoch {int(r['epoch'])}"
                                  f"{updates}, {r['label']}",
-                     "reproduced": results.with_diverged(text, runs), "paper": ""})  # fmt: skip
+                     "reproduced": tables.with_diverged(text, runs), "paper": ""})  # fmt: skip
     normprop = last[last["method"] == "normprop"].sort_values("batch_size")
     if len(normprop) > 1:
         best = normprop.loc[normprop["mean"].idxmax()]
@@ -169,15 +169,15 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": f"{cfg.experiment.paper_claim} (CIFAR-10)",
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
-@experiment("batch-size", section="Fig. 4, section 5.4", plot=plot, headlines=headlines)
+@experiment("batch-size", plot=plot, headlines=headlines)
 def run(cfg: DictConfig) -> Path:
     cfg = with_rates(cfg, choose_rates(cfg))
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
+    epochs = tables.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
     per_epoch = {
         spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)
     }
@@ -191,6 +191,6 @@ def run(cfg: DictConfig) -> Path:
                 "label": spec_label(spec),
                 "updates": per_epoch[spec.name] * int(t.epochs)}  # fmt: skip
 
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
+    out = tables.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns, carry=["updates"])
     plot(cfg)
     return out

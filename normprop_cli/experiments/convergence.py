@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
 KEYS = ["method"]
@@ -27,16 +27,16 @@ KEYS = ["method"]
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 3: test accuracy, mean over seeds with 95% caps, per method."""
     plt = plots.pyplot()
-    curve = results.read_curves(cfg, KEYS)
+    curve = tables.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    groups = sorted(curve.groupby("method", sort=False), key=lambda g: results.method_rank(g[0]))
+    groups = sorted(curve.groupby("method", sort=False), key=lambda g: tables.method_rank(g[0]))
     for (method, c), dodge in zip(groups, plots.dodges(len(groups)), strict=True):
         plots.plot_curve(
             ax,
             c,
-            f"{results.method_label(method)} (n = {int(c['n'].max())} seeds)",
+            f"{tables.method_label(method)} (n = {int(c['n'].max())} seeds)",
             dodge=dodge,
-            color=results.METHOD_COLORS.get(method),
+            color=tables.METHOD_COLORS.get(method),
         )
     plots.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
     return plots.save(fig, cfg, "convergence")
@@ -52,18 +52,18 @@ def early_half_width(c, epochs: int) -> float:
 def headlines(cfg: DictConfig) -> list[dict]:
     """Final accuracy with its 95% interval (the diverged runs left out and counted beside it), and
     the spread over seeds in the stated early window."""
-    curve = results.read_curves(cfg, KEYS)
-    summary = results.read(cfg, "summary")
+    curve = tables.read_curves(cfg, KEYS)
+    summary = tables.read(cfg, "summary")
     window = int(cfg.experiment.early_epochs)
     paper = f"{cfg.experiment.paper_claim} (CIFAR-10)"
     rows = []
     for method, c in curve.groupby("method", sort=False):
-        last = results.last_epoch(c, KEYS).iloc[0]
+        last = tables.last_epoch(c, KEYS).iloc[0]
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {int(last['n'])}] at epoch "
-                f"{int(last['epoch'])}, {results.method_label(method)}",
-                "reproduced": results.with_diverged(
+                f"{int(last['epoch'])}, {tables.method_label(method)}",
+                "reproduced": tables.with_diverged(
                     statistics.format_mean_ci(last), summary[summary["method"] == method]
                 ),
                 "paper": "",
@@ -73,19 +73,19 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rows.append(
             {
                 "quantity": f"mean 95% CI half-width of test accuracy (pp) over epochs 1-{window} "
-                f"(n = {int(c['n'].max())} seeds), {results.method_label(method)}",
+                f"(n = {int(c['n'].max())} seeds), {tables.method_label(method)}",
                 "reproduced": round(early_half_width(c, window), 2),
                 "paper": paper if method == "normprop" else "",
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
-@experiment("convergence", section="Fig. 3, section 5.3", plot=plot, headlines=headlines)
+@experiment("convergence", plot=plot, headlines=headlines)
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs)
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
+    epochs = tables.gather(specs)
+    out = tables.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS)
     plot(cfg)
     return out

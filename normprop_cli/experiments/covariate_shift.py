@@ -35,7 +35,7 @@ from normprop_cli import outcomes, statistics
 from normprop_cli.engine import expand_grid, run_sweep
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
 from normprop_cli.outcomes import learned_flags
@@ -82,19 +82,19 @@ def paper_metric(stats: pd.DataFrame) -> pd.DataFrame:
 
 def probed(probes: pd.DataFrame, settled: pd.DataFrame, run: str) -> dict:
     """A run's paper metric (mean and sd over draws) and the last epoch at which a probed unit settled."""
-    p = results.of_run(probes, run)
+    p = tables.of_run(probes, run)
     if not len(p):
         return {}
     return {
         "avg_abs_final_mean": p["avg_abs_final_mean"].mean(),
         "avg_abs_final_mean_sd": p["avg_abs_final_mean"].std(ddof=1),
-        "last_settled_after_epoch": int(results.of_run(settled, run)["settled_after_epoch"].max()),
+        "last_settled_after_epoch": int(tables.of_run(settled, run)["settled_after_epoch"].max()),
     }
 
 
 def final_population(population: pd.DataFrame, run: str) -> dict:
     """A run's population metric at its last epoch, the mean over layers."""
-    p = results.of_run(population, run)
+    p = tables.of_run(population, run)
     if not len(p):
         return {}
     last = p[p["epoch"] == p["epoch"].max()]
@@ -127,7 +127,7 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     labelled reference line. The unnormalised net, "incomparable due to extreme variations", has its
     own, labelled axis on the right."""
     plt = plots.pyplot()
-    stats = results.read(cfg, "unit_stats")
+    stats = tables.read(cfg, "unit_stats")
     first_seed = stats["seed"].min()
     stats = stats[stats["seed"] == first_seed]
     layers = sorted(stats["layer"].unique())
@@ -155,7 +155,7 @@ def plot_units(cfg: DictConfig) -> list[Path]:
     fig.suptitle(
         plots.title(
             cfg,
-            f"Fig. 2: mean over {results.probe_set(cfg)} of {draws} probed units' inputs per layer "
+            f"Fig. 2: mean over {tables.probe_set(cfg)} of {draws} probed units' inputs per layer "
             f"(thin: each unit, bold: their mean), seed {first_seed}",
         ),
         fontsize=10,
@@ -169,7 +169,7 @@ def plot_population(cfg: DictConfig) -> list[Path]:
     has no scale, so every method shares its axis; the unnormalised net's |mean| has its own, labelled
     axis on the right."""
     plt = plots.pyplot()
-    population = results.read(cfg, "population")
+    population = tables.read(cfg, "population")
     layers = sorted(population["layer"].unique())
     fig, axes = plt.subplots(2, len(layers), figsize=(2.4 * len(layers) + 1, 5.4), sharex=True, squeeze=False)
     handles, twins = {}, {}
@@ -180,7 +180,7 @@ def plot_population(cfg: DictConfig) -> list[Path]:
                 target = _axis(axes[row, col], method, twins) if quantity == "avg_abs_mean" else axes[row, col]
                 (line,) = target.plot(mean.index, mean[quantity], marker="o", markersize=2, **_style(method))
             handles.setdefault(
-                results.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
+                tables.method_label(method) + (" (|mean|: right axis)" if method == "none" else ""), line
             )
         axes[0, col].set_title(f"layer {layer}", fontsize=8)
     axes[0, 0].set_ylabel("NormProp, BatchNorm:\naverage |mean| (standard units)")
@@ -196,16 +196,16 @@ def plot_population(cfg: DictConfig) -> list[Path]:
 
 
 def _by_method(frame: pd.DataFrame):
-    return sorted(frame.groupby("method", sort=False), key=lambda mg: results.method_rank(mg[0]))
+    return sorted(frame.groupby("method", sort=False), key=lambda mg: tables.method_rank(mg[0]))
 
 
 def _style(method: str) -> dict:
-    return {"color": results.METHOD_COLORS.get(method, "C2"), "linestyle": "--" if method == "none" else "-"}
+    return {"color": tables.METHOD_COLORS.get(method, "C2"), "linestyle": "--" if method == "none" else "-"}
 
 
 def _label(method: str, g: pd.DataFrame) -> str:
     where = " (right axis)" if method == "none" else ""
-    return f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}"
+    return f"{tables.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}{where}"
 
 
 def _axis(ax, method: str, twins: dict):
@@ -222,7 +222,7 @@ def _label_right(axes, twins: dict, text: str) -> None:
     for row in axes:
         right = [twins[ax] for ax in row if ax in twins]
         if right:
-            right[-1].set_ylabel(text, color=results.METHOD_COLORS["none"], fontsize=8)
+            right[-1].set_ylabel(text, color=tables.METHOD_COLORS["none"], fontsize=8)
 
 
 def _finish(fig, axes, twins: dict, handles: dict, ncol: int | None = None, wspace: float = 0.45) -> None:
@@ -233,7 +233,7 @@ def _finish(fig, axes, twins: dict, handles: dict, ncol: int | None = None, wspa
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _readable(ax)
     for right in twins.values():
-        right.tick_params(axis="y", colors=results.METHOD_COLORS["none"], labelsize=7)
+        right.tick_params(axis="y", colors=tables.METHOD_COLORS["none"], labelsize=7)
         _readable(right)
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
@@ -257,21 +257,21 @@ def headlines(cfg: DictConfig) -> list[dict]:
     interval over seeds of each seed's average over draws, and the spread over draws), the population
     metric and the settling epoch; one row per method whose runs did not learn, and one naming the
     diverged runs: both kept out of the other rows, their numbers in the CSVs."""
-    summary = results.read(cfg, "summary")
+    summary = tables.read(cfg, "summary")
     if not len(summary) or "avg_abs_final_mean" not in summary:
         return []
     learned = learned_flags(summary).eq(True)
     kept = summary[learned & ~outcomes.diverged(summary)]
-    settled = results.read(cfg, "settling")
+    settled = tables.read(cfg, "settling")
     settled = settled[settled["run"].isin(kept["run"])]
     rows = []
     for method, g in _by_method(kept):
         label, draws, spread = (
-            results.method_label(method),
+            tables.method_label(method),
             int(g["probe_draws"].max()),
             g["avg_abs_final_mean_sd"].mean(),
         )
-        paper = results.paper_value(cfg, cfg.experiment.paper_avg_abs_final_mean.get(method, ""))
+        paper = tables.paper_value(cfg, cfg.experiment.paper_avg_abs_final_mean.get(method, ""))
         what = f"{draws} probed units per layer (sd over draws {spread:.3f})"
         rows += [
             _ci_row(f"average |final mean| over layers 2-9 of {what}, {label}", g["avg_abs_final_mean"], paper),
@@ -286,21 +286,21 @@ def headlines(cfg: DictConfig) -> list[dict]:
         epochs, moving = int(g["final_epoch"].max()), int((~per_draw["settled"]).sum())
         quantity = (
             f"epoch after which every layer's probed mean stays within +-{band:g} of its final value "
-            f"(median over {len(per_draw)} run-draws), {results.method_label(method)}"
+            f"(median over {len(per_draw)} run-draws), {tables.method_label(method)}"
         )
         reproduced = f"{per_draw['epoch'].median():g} of {epochs}; {moving} of {len(per_draw)} still moving"
-        paper = results.paper_value(cfg, cfg.experiment.paper_settled.get(method, ""))
+        paper = tables.paper_value(cfg, cfg.experiment.paper_settled.get(method, ""))
         rows.append({"quantity": quantity, "reproduced": reproduced, "paper": paper})
     for method, g in _by_method(summary[~learned]):
         if method not in set(kept["method"]):
             accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
             quantity = (
-                f"{results.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
+                f"{tables.method_label(method)}, lr {g['initial_lr'].iloc[0]:g}: did not learn (final test accuracy "
                 f"{outcomes.NEAR_CHANCE}); kept out of the rows above"
             )
-            reproduced = f"final test accuracy {accuracy:.1f}% (chance is {results.chance(cfg):g}%)"
+            reproduced = f"final test accuracy {accuracy:.1f}% (chance is {tables.chance(cfg):g}%)"
             rows.append({"quantity": quantity, "reproduced": reproduced, "paper": ""})
-    return rows + results.diverged_runs(cfg)
+    return rows + tables.diverged_runs(cfg)
 
 
 def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
@@ -311,23 +311,23 @@ def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
     return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
 
 
-@experiment("covariate-shift", section="Fig. 2, section 5.2", plot=plot, headlines=headlines)
+@experiment("covariate-shift", plot=plot, headlines=headlines)
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     draws = int(cfg.experiment.probe_draws)
     manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
-    stats = results.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
+    stats = tables.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
     _refuse_stale(cfg, stats)
-    population = results.gather(specs, PopulationProbe.name)
+    population = tables.gather(specs, PopulationProbe.name)
     band = float(cfg.experiment.band)
     probes, settled = paper_metric(stats), settling(stats, band)
     for name, table in (("unit_stats", stats), ("population", population), ("probes", probes), ("settling", settled)):
-        results.write(cfg, name, table)
+        tables.write(cfg, name, table)
 
     def columns(spec) -> dict:
         return ({"initial_lr": spec.cfg.train.lr, "band": band, "probe_draws": draws}
                 | probed(probes, settled, spec.name) | final_population(population, spec.name))  # fmt: skip
 
-    out = results.summarise(cfg, specs, manifests, columns)
+    out = tables.summarise(cfg, specs, manifests, columns)
     plot(cfg)
     return out

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
 KEYS = ["setting", "data_norm", "batch_size", "initial_lr"]
@@ -29,7 +29,7 @@ COLUMNS = {"data_norm": "train.data_norm", "batch_size": "train.batch_size", "in
 def best(epochs, run: str) -> dict:
     """The run's best test accuracy and its first epoch (the paper reports the best, footnote 4);
     write_curves_and_summary then adds final_test_acc after them."""
-    m = results.of_run(epochs, run)
+    m = tables.of_run(epochs, run)
     if not len(m):
         return {}
     top = m.loc[m["test_acc"].idxmax()]
@@ -43,7 +43,7 @@ def label(data_norm: str, batch_size: int, lr: float) -> str:
 def plot(cfg: DictConfig) -> list[Path]:
     """Fig. 1: test accuracy (mean over seeds, 95% caps) vs epoch for each setting."""
     plt = plots.pyplot()
-    curve = results.read_curves(cfg, KEYS)
+    curve = tables.read_curves(cfg, KEYS)
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     sizes = sorted(curve["batch_size"].unique())
     groups = list(curve.groupby(KEYS, sort=False))
@@ -67,12 +67,12 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """Final and best test accuracy per setting (mean over the seeds that did not diverge, with its 95%
     interval, statistics.proportion_ci; the diverged runs counted beside it), and the best setting, beside
     the paper's (experiment.paper_best_test_acc and paper_best_setting)."""
-    summary = results.read(cfg, "summary")
+    summary = tables.read(cfg, "summary")
     if "best_test_acc" not in summary:
         return []
     paper_setting = tuple(cfg.experiment.paper_best_setting.values())
     paper_best = cfg.experiment.paper_best_test_acc
-    done = results.kept(summary)
+    done = tables.kept(summary)
     best = done.groupby(KEYS[1:], sort=False)["best_test_acc"].mean().sort_values(ascending=False)
     rows = []
     if len(best):
@@ -82,29 +82,29 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "quantity": "best test accuracy (%, max over epochs, mean over the seeds that did not diverge) and "
                 "its setting",
                 "reproduced": f"{top:.2f} ({label(top_norm, top_bs, top_lr)})",
-                "paper": results.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
+                "paper": tables.paper_value(cfg, f"{paper_best} ({label(*paper_setting)})"),
             }
         )
     for (data_norm, batch_size, lr), g in summary.groupby(KEYS[1:], sort=True):
-        final = statistics.proportion_ci(results.kept(g)["final_test_acc"])
+        final = statistics.proportion_ci(tables.kept(g)["final_test_acc"])
         paper = paper_best if (data_norm, batch_size, lr) == paper_setting else ""
         rows.append(
             {
                 "quantity": f"final test accuracy (%) [95% CI, n = {final['n']}], {label(data_norm, batch_size, lr)}",
-                "reproduced": results.with_diverged(statistics.format_mean_ci(final), g),
-                "paper": results.paper_value(cfg, f"{paper} (best)" if paper else ""),
+                "reproduced": tables.with_diverged(statistics.format_mean_ci(final), g),
+                "paper": tables.paper_value(cfg, f"{paper} (best)" if paper else ""),
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
-@experiment("data-norm", section="Fig. 1, section 5.1", plot=plot, headlines=headlines)
+@experiment("data-norm", plot=plot, headlines=headlines)
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs, columns=COLUMNS)
-    out = results.write_curves_and_summary(
-        cfg, specs, manifests, epochs, KEYS, lambda spec: results.settings(spec, COLUMNS) | best(epochs, spec.name)
+    epochs = tables.gather(specs, columns=COLUMNS)
+    out = tables.write_curves_and_summary(
+        cfg, specs, manifests, epochs, KEYS, lambda spec: tables.settings(spec, COLUMNS) | best(epochs, spec.name)
     )
     plot(cfg)
     return out

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import RunSpec, expand_grid, run_sweep
 from normprop_cli.errors import UserError
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.grid import LR
 
 SWEEP = ["setting", "method", "batch_size", "lr", "seed", "epochs", "val_acc", "val_loss", "chosen"]
@@ -67,7 +67,7 @@ def sweep_grid(cfg: DictConfig) -> tuple[DictConfig, dict[str, str]]:
 def choose_rates(
     cfg: DictConfig,
     method: Callable[[DictConfig], str] = lambda c: c.model.norm,
-    label: Callable[[str], str] = results.method_label,
+    label: Callable[[str], str] = tables.method_label,
 ) -> pd.DataFrame:
     """Train the sweep; per setting, mark the rate with the best final validation accuracy (ties: the
     lower validation loss). `method(run_cfg)` names a run's method in lr_sweep.csv; the steps policy
@@ -77,10 +77,10 @@ def choose_rates(
     grid, owner = sweep_grid(cfg)
     specs = expand_grid(grid)
     run_sweep(grid, specs)
-    epochs = results.gather(specs, columns={"batch_size": "train.batch_size", "lr": LR})
+    epochs = tables.gather(specs, columns={"batch_size": "train.batch_size", "lr": LR})
     rows = []
     for spec in specs:
-        m = results.of_run(epochs, spec.name)
+        m = tables.of_run(epochs, spec.name)
         last = m.iloc[-1] if len(m) else {"val_acc": float("nan"), "val_loss": float("nan"), "epoch": 0}
         t = spec.cfg.train
         rows.append({"setting": owner[spec.setting], "method": method(spec.cfg), "batch_size": int(t.batch_size),
@@ -90,7 +90,7 @@ def choose_rates(
     best = table.sort_values(["val_acc", "val_loss"], ascending=[False, True], kind="stable")
     winners = set(best.groupby("setting", sort=False).head(1).index)
     table["chosen"] = [i in winners for i in table.index]
-    results.write(cfg, "lr_sweep", table)
+    tables.write(cfg, "lr_sweep", table)
     return table
 
 
@@ -182,16 +182,16 @@ def stepped_specs(cfg: DictConfig, todo: list[tuple[str, float]]) -> tuple[DictC
 def stepped_rows(cfg, specs, manifests, owner, method) -> list[dict]:
     """One row per sweep run, with `value` (the final validation accuracy; chance for a run that
     diverged, is unfinished or has no finite result) and `loss` (its validation loss; inf for those)."""
-    epochs = results.gather(specs)
+    epochs = tables.gather(specs)
     rows = []
     for spec, manifest in zip(specs, manifests, strict=True):
-        m = results.of_run(epochs, spec.name)
+        m = tables.of_run(epochs, spec.name)
         acc, loss = (float(m["val_acc"].iloc[-1]), float(m["val_loss"].iloc[-1])) if len(m) else (math.nan,) * 2
         ok = (manifest or {}).get("status") == "complete" and math.isfinite(acc) and math.isfinite(loss)
         rows.append({"setting": owner[spec.setting], "method": method(spec.cfg),
                      "batch_size": int(spec.cfg.train.batch_size), "lr": float(spec.cfg.train.lr), "seed": spec.seed,
                      "epochs": int(m["epoch"].iloc[-1]) if len(m) else 0, "val_acc": acc, "val_loss": loss,
-                     "value": acc if ok else results.chance(cfg), "loss": loss if ok else math.inf})  # fmt: skip
+                     "value": acc if ok else tables.chance(cfg), "loss": loss if ok else math.inf})  # fmt: skip
     return rows
 
 
@@ -222,7 +222,7 @@ def choose_stepped(cfg: DictConfig, method: Callable[[DictConfig], str], label: 
             spent[setting][int(k > 0)] += 1  # a rate past the lowest has k < 0, past the highest k > 0
             tried[setting].append(k)
     table = stepped_table(pd.DataFrame(rows), list(centres), list(s.seeds))
-    results.write(cfg, "lr_sweep", table)
+    tables.write(cfg, "lr_sweep", table)
     plot_sweep(cfg, label)
     return table
 
@@ -260,19 +260,19 @@ def edge_choices(sweep: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EDGES)
 
 
-def plot_sweep(cfg: DictConfig, label: Callable[[str], str] = results.method_label) -> list[Path]:
+def plot_sweep(cfg: DictConfig, label: Callable[[str], str] = tables.method_label) -> list[Path]:
     """lr_sweep.png/.pdf from lr_sweep.csv: per batch size, each setting's score (mean final validation
     accuracy over the sweep seeds) against the rate on a log2 axis, each seed's accuracy as a small
     point, the chosen rate as a large marker; chance as a dotted line."""
     plt = plots.pyplot()
-    sweep = results.read(cfg, "lr_sweep")
+    sweep = tables.read(cfg, "lr_sweep")
     note = "; a diverged run counts as chance" if "score" in sweep else ""
     if not note:  # the factors policy's lr_sweep.csv: the mean of the seeds' accuracies
         sweep["score"] = sweep.groupby(["setting", "lr"])["val_acc"].transform("mean")
     sizes = sorted(sweep["batch_size"].unique())
     fig, axes = plt.subplots(1, len(sizes), figsize=(1.0 + 4.2 * len(sizes), 4.6), squeeze=False, sharey=True)
     methods = list(dict.fromkeys(sweep["method"]))
-    colors, chance = plt.get_cmap("tab20" if len(methods) > 10 else "tab10"), results.chance(cfg)
+    colors, chance = plt.get_cmap("tab20" if len(methods) > 10 else "tab10"), tables.chance(cfg)
     handles = {}
     for ax, bs in zip(axes[0], sizes, strict=True):
         at = sweep[sweep["batch_size"] == bs]

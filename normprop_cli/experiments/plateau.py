@@ -78,7 +78,7 @@ def plateau_lines(table: pd.DataFrame) -> list[str]:
              f"{int(r['at_last_epoch'])} of {r['runs']}",
              f"{r['last_quarter_gain']:+.2f} [{r['gain_low']:+.2f}, {r['gain_high']:+.2f}]"]
             for r in table.to_dict("records")]  # fmt: skip
-    return markdown(head, rows)
+    return markdown(rows, head)
 
 
 def plateau_section(tree: Path) -> list[str]:

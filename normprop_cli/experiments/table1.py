@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import statistics
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
 
@@ -28,7 +28,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     """Final test error per method and augmentation, mean over the complete runs with its 95% interval
     (statistics.proportion_ci, inside [0, 100]) and the diverged runs counted beside it, beside the
     paper's Table 1 (labelled not comparable off the paper's data sets, experiment.paper_test_error)."""
-    summary = results.read(cfg, "summary")
+    summary = tables.read(cfg, "summary")
     paper_dataset = cfg.dataset.name if cfg.dataset.name in cfg.experiment.paper_test_error else "cifar10"
     rows = []
     for (method, augmentation), g in summary.groupby(["method", "augment"], sort=False):
@@ -36,11 +36,11 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rows.append(
             {
                 "quantity": f"final test error % [95% CI, n = {e['n']}] ({method}, augmentation {augmentation})",
-                "reproduced": results.with_diverged(statistics.format_mean_ci(e), g),
-                "paper": results.paper_value(cfg, g["paper_test_error"].iloc[0], paper_dataset),
+                "reproduced": tables.with_diverged(statistics.format_mean_ci(e), g),
+                "paper": tables.paper_value(cfg, g["paper_test_error"].iloc[0], paper_dataset),
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
 def complete(runs: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +63,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     the paper's Table 1 beside it (grey, hatched) where it has the data set. Each tick names the method,
     the augmentation and the seeds (n) behind the bar."""
     plt = plots.pyplot()
-    summary = results.read(cfg, "summary")
+    summary = tables.read(cfg, "summary")
     groups = list(summary.groupby(["method", "augment"], sort=False))
     papers = summary["paper_test_error"].notna().any()
     x, width = (-0.18, 0.36) if papers else (0.0, 0.5)  # no paper bars: the reproduction's bar in the middle
@@ -74,7 +74,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         e = statistics.proportion_ci(done)
         seeds.setdefault(method, set()).add(e["n"])
         whisker = {"yerr": [[e["mean"] - e["ci_low"]], [e["ci_high"] - e["mean"]]], "capsize": 4} if e["n"] > 1 else {}
-        bar = ax.bar(i + x, e["mean"], width=width, color=results.METHOD_COLORS.get(method, "C2"), **whisker)
+        bar = ax.bar(i + x, e["mean"], width=width, color=tables.METHOD_COLORS.get(method, "C2"), **whisker)
         legend.setdefault(method, bar)
         left = i + x - width / 4  # the dots left of the whisker
         legend["seed"] = ax.scatter([left] * len(done), done, color="k", s=10, zorder=3)
@@ -83,15 +83,15 @@ def plot(cfg: DictConfig) -> list[Path]:
             legend["paper"] = ax.bar(i + 0.18, paper.iloc[0], width=0.36, color="0.75", hatch="//")
         gone = len(g) - len(done)
         left_out = f"\n({gone} diverged, left out)" if gone else ""
-        ticks.append(f"{results.method_label(method)}\n{augmentation_label(augmentation, cfg)}\nn = {e['n']}{left_out}")
-    order = [*sorted(seeds, key=results.method_rank), "seed", "paper"]  # the methods' bars, then the dots, the paper
+        ticks.append(f"{tables.method_label(method)}\n{augmentation_label(augmentation, cfg)}\nn = {e['n']}{left_out}")
+    order = [*sorted(seeds, key=tables.method_rank), "seed", "paper"]  # the methods' bars, then the dots, the paper
     ax.set_xticks(range(len(groups)), ticks, fontsize=8)
     ax.set_xlabel("method, training-set augmentation, seeds (n)")
     ax.set_ylabel("final test error (%)")
     interval = "; whisker: 95% interval of the mean" if max(map(max, seeds.values()), default=0) > 1 else ""
     ax.set_title(plots.title(cfg, "Table 1: final test error") + f"\nbar: mean over seeds{interval}; dot: one seed",
                  fontsize=10)  # fmt: skip
-    labels = {m: f"{results.method_label(m)}: this reproduction, mean of {_count(n)}" for m, n in seeds.items()}
+    labels = {m: f"{tables.method_label(m)}: this reproduction, mean of {_count(n)}" for m, n in seeds.items()}
     labels |= {"seed": "this reproduction, one seed", "paper": "paper (Table 1, same data set)"}
     shown = [k for k in order if k in legend]
     ax.legend([legend[k] for k in shown], [labels[k] for k in shown], frameon=False, fontsize=8, loc="upper left",
@@ -105,7 +105,7 @@ def _count(seeds: set[int]) -> str:
     return f"{lo} seed{'s' * (hi != 1)}" if lo == hi else f"{lo}-{hi} seeds"
 
 
-@experiment("table1", section="Table 1, section 5.5", plot=plot, headlines=headlines)
+@experiment("table1", plot=plot, headlines=headlines)
 def run(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs)
@@ -114,6 +114,6 @@ def run(cfg: DictConfig) -> Path:
     def columns(spec) -> dict:
         return {"augment": augment(spec), "paper_test_error": paper.get(spec.cfg.model.norm, {}).get(augment(spec))}
 
-    out = results.summarise(cfg, specs, manifests, columns)
+    out = tables.summarise(cfg, specs, manifests, columns)
     plot(cfg)
     return out

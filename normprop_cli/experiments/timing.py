@@ -31,7 +31,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
 COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
@@ -49,7 +49,7 @@ def timed(epochs: pd.DataFrame, warmup: int) -> pd.DataFrame:
 
 def run_timing(epochs: pd.DataFrame, run: str, warmup: int) -> dict:
     """A run's summary columns: its timed epochs, their median training seconds and images per second."""
-    m = results.of_run(epochs, run)
+    m = tables.of_run(epochs, run)
     if not len(m):
         return {}
     t = timed(m, warmup)
@@ -100,17 +100,17 @@ def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict, summary: pd.Dat
     seconds = table.set_index("method")["median_epoch_seconds"]
     table["pooled_ratio_vs_batchnorm"] = table["median_epoch_seconds"] / seconds.get("batchnorm", math.nan)
     table["paper_ratio_vs_batchnorm"] = table["paper_seconds"] / paper.get("batchnorm", math.nan)
-    table = table.sort_values("method", key=lambda s: s.map(results.method_rank))
+    table = table.sort_values("method", key=lambda s: s.map(tables.method_rank))
     return table[COLUMNS]
 
 
 def read_table(cfg: DictConfig) -> pd.DataFrame:
     """timing.csv; one written before the ratios were paired by seed (other columns) is formed again
     from epochs.csv and summary.csv, so that the figure and the report show the verdict's ratio."""
-    table = results.read(cfg, "timing")
+    table = tables.read(cfg, "timing")
     if list(table.columns) == COLUMNS:
         return table
-    epochs, summary = results.read(cfg, "epochs"), results.read(cfg, "summary")
+    epochs, summary = tables.read(cfg, "epochs"), tables.read(cfg, "summary")
     return timing_table(epochs, int(cfg.experiment.warmup_epochs), dict(cfg.experiment.paper_seconds), summary)
 
 
@@ -122,7 +122,7 @@ def paper_source(cfg: DictConfig) -> str:
 def paired_bars(ax, table: pd.DataFrame, mine: str, paper: str, mine_label: str, paper_label: str) -> None:
     """Per method, the reproduced value (left, the method's colour) beside the paper's (right, hatched)."""
     x = range(len(table))
-    colors = [results.METHOD_COLORS.get(m, "C2") for m in table["method"]]
+    colors = [tables.METHOD_COLORS.get(m, "C2") for m in table["method"]]
     ax.bar([i - 0.2 for i in x], table[mine], width=0.4, color=colors, label=mine_label)
     ax.bar([i + 0.2 for i in x], table[paper], width=0.4, color="0.8", hatch="//", label=paper_label)
 
@@ -133,7 +133,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     table = read_table(cfg)
     fig, (ax, rel) = plt.subplots(1, 2, figsize=(9.0, 3.6))
     x = range(len(table))
-    names = [results.method_label(m) for m in table["method"]]
+    names = [tables.method_label(m) for m in table["method"]]
     device = ", ".join(table["device"].astype(str).unique())
     paired_bars(ax, table, "median_epoch_seconds", "paper_seconds", f"reproduced ({device})",
                 f"paper ({paper_source(cfg)})")  # fmt: skip
@@ -173,7 +173,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         rows.append(
             {
                 "quantity": f"seconds per training epoch (median of {int(r['epochs_timed'])} epochs over "
-                f"{int(r['runs'])} run(s) pooled), {results.method_label(method)}, {r['device']}",
+                f"{int(r['runs'])} run(s) pooled), {tables.method_label(method)}, {r['device']}",
                 "reproduced": round(float(r["median_epoch_seconds"]), 3),
                 "paper": f"{paper:g}{note}" if math.isfinite(paper) else "",
             }
@@ -197,7 +197,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                 "paper": "",
             }
         )
-    return rows + results.not_learned(cfg)
+    return rows + tables.not_learned(cfg)
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
@@ -218,7 +218,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     ]
 
 
-@experiment("timing", section="Section 5.6", plot=plot, headlines=headlines, paragraphs=paragraphs)
+@experiment("timing", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
     if cfg.get("jobs", 1) > 1 and cfg.launcher.name != "slurm":
         # Runs sharing one machine would time each other: the timing runs go one at a time.
@@ -227,17 +227,17 @@ def run(cfg: DictConfig) -> Path:
     # of a seed alike, instead of all the runs of one method (C6 pairs the methods by seed).
     specs = sorted(expand_grid(cfg), key=lambda spec: spec.seed)
     manifests = run_sweep(cfg, specs)
-    epochs = results.gather(specs)
+    epochs = tables.gather(specs)
     if len(epochs):
         where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
         epochs["device"] = epochs["run"].map(lambda r: where[r].get("device_name", where[r].get("device")))
         epochs["host"] = epochs["run"].map(lambda r: where[r].get("host"))
-    results.write(cfg, "epochs", epochs)
+    tables.write(cfg, "epochs", epochs)
     warmup = int(cfg.experiment.warmup_epochs)
     paper = dict(cfg.experiment.paper_seconds)
-    out = results.summarise(
-        cfg, specs, manifests, lambda spec: results.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
+    out = tables.summarise(
+        cfg, specs, manifests, lambda spec: tables.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
     )
-    results.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out)))
+    tables.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out)))
     plot(cfg)
     return out

@@ -39,7 +39,7 @@ def test_the_probes_see_the_first_probe_images_test_images_and_the_evaluation_al
 
 
 def test_the_figures_and_the_report_name_the_images_the_probes_saw():
-    from normprop_cli.experiments.results import probe_set
+    from normprop_cli.experiments.tables import probe_set
 
     assert probe_set(OmegaConf.create({"train": {"probe_images": 2000}})) == "the first 2,000 test images"
     assert probe_set(OmegaConf.create({"train": {"probe_images": None}})) == "the test set"

@@ -7,8 +7,7 @@ import pytest
 from omegaconf import DictConfig
 
 from normprop_cli import config
-from normprop_cli.experiments import batch_size
-from normprop_cli.experiments import results as results_kit
+from normprop_cli.experiments import batch_size, tables
 from normprop_cli.experiments.lr_sweep import SWEEP
 
 # 2 seeds for an interval; 24 images keep the batch-1 runs (one step per image) to seconds.
@@ -135,7 +134,7 @@ def test_a_setting_at_chance_gets_a_chance_line_and_a_note_on_its_modes(results,
     cfg = with_flags(results, tmp_path, train_acc=97.0)
     batch_size.plot(cfg)
     fig = drawn["batch_size"]
-    assert f"chance ({results_kit.chance(cfg):g}%)" in legend_texts(fig)
+    assert f"chance ({tables.chance(cfg):g}%)" in legend_texts(fig)
     (note,) = notes(fig)
     assert note.startswith("BatchNorm, batch 1") and "did not learn in evaluation mode" in note
     assert "learns in training mode (training accuracy 97.0%" in note and "fails in evaluation mode" in note

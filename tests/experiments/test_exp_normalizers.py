@@ -130,7 +130,7 @@ def test_the_report_names_rates_at_an_edge_and_rates_chosen_among_chance_scores(
     """A chosen rate still at an edge is named with the rates tried; a setting whose every rate scored
     near chance is said to have an arbitrary rate."""
     from normprop_cli.experiments.normalizers.findings import edges
-    from normprop_cli.experiments.results import write
+    from normprop_cli.experiments.tables import write
 
     cfg = config.load("normalizers", preset="smoke", results_dir=tmp_path)
     rows = []

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from normprop_cli import config, statistics
-from normprop_cli.experiments import EXPERIMENTS, results
+from normprop_cli.experiments import EXPERIMENTS, tables
 
 TRAINING = ["data-norm", "covariate-shift", "convergence", "batch-size", "table1", "timing"]
 
@@ -61,7 +61,7 @@ def test_curves_are_per_setting_and_epoch():
             "test_acc": [1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 7.0, 8.0],
         }
     )
-    c = results.curves(epochs, ["method"]).set_index(["method", "epoch"])
+    c = tables.curves(epochs, ["method"]).set_index(["method", "epoch"])
     assert list(c.columns) == ["n", "diverged", "mean", "sd", "ci_low", "ci_high"]
     assert c.loc[("a", 1), "mean"] == 2.0 and c.loc[("a", 1), "n"] == 3 and (c["diverged"] == 0).all()
     assert c.loc[("a", 1), "ci_low"] == statistics.proportion_ci([1.0, 2.0, 3.0])["ci_low"] > 0.0

@@ -10,7 +10,7 @@ from scipy import stats
 
 from normprop_cli import config, outcomes, statistics
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.experiments import batch_size, data_norm, normalizers, results, table1, timing
+from normprop_cli.experiments import batch_size, data_norm, normalizers, table1, tables, timing
 from normprop_cli.verdicts import measures, rule
 
 BIMODAL = [[10.0, 10.0, 95.0, 96.0, 97.0], [0.0, 100.0, 100.0], [97.0, 99.0, 100.0, 100.0], [0.0, 0.0, 5.0]]
@@ -51,6 +51,25 @@ def test_far_from_the_bounds_it_is_close_to_the_t_interval():
     assert logit["ci_high"] == pytest.approx(t["ci_high"], abs=0.01)
 
 
+def test_the_verdicts_t_intervals_are_scipys_to_the_last_bit():
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 10):
+        x, y = rng.normal(1.0, 3.0, n), rng.normal(0.0, 3.0, n)
+        one, rel = stats.ttest_1samp(x, 0.0).confidence_interval(0.95), stats.ttest_rel(x, y).confidence_interval(0.9)
+        assert statistics.t_interval(x) == (float(x.mean()), float(one.low), float(one.high))
+        assert statistics.paired_interval(x, y, 0.9) == (float((x - y).mean()), float(rel.low), float(rel.high))
+    mean, low, high = statistics.paired_interval([1.0, math.nan, 3.0], [0.0, 1.0, 1.0])
+    assert math.isnan(mean) and math.isnan(low) and math.isnan(high)  # a pair is never dropped
+
+
+def test_one_markdown_table_from_a_frame_or_from_rows():
+    rows = [["a", 1], ["b", 2]]
+    lines = ["| x | y |", "| --- | --- |", "| a | 1 |", "| b | 2 |"]
+    assert statistics.markdown(rows, ["x", "y"]) == lines
+    frame = pd.DataFrame(rows, columns=["x", "y"])
+    assert statistics.markdown(frame, rule="---") == [lines[0], "|---|---|", *lines[2:]]
+
+
 def test_one_value_has_no_interval_and_equal_values_have_no_width():
     assert math.isnan(statistics.proportion_ci([80.0])["ci_low"])
     assert statistics.proportion_ci([100.0, 100.0, 100.0]) == {
@@ -79,19 +98,19 @@ def bimodal_epochs() -> pd.DataFrame:
 
 
 def test_curves_leave_diverged_runs_out_of_every_epoch_and_count_them():
-    c = results.curves(bimodal_epochs(), ["method"], diverged={"a-s0"}).set_index(["method", "epoch"])
-    assert list(c.columns) == results.CURVE_COLUMNS[1:]
+    c = tables.curves(bimodal_epochs(), ["method"], diverged={"a-s0"}).set_index(["method", "epoch"])
+    assert list(c.columns) == tables.CURVE_COLUMNS[1:]
     assert c.loc[("a", 1), "n"] == 4 and c.loc[("a", 1), "diverged"] == 1  # its epoch before diverging too
     assert c.loc[("a", 1), "mean"] == pytest.approx(np.mean([91.0, 92.0, 94.0, 96.0]))
     assert c.loc[("a", 2), "n"] == 4 and c.loc[("a", 2), "diverged"] == 1
     assert (c.loc["b", "diverged"] == 0).all() and (c.loc["b", "n"] == 3).all()
     assert ((c["ci_low"] >= 0.0) & (c["ci_high"] <= 100.0)).all()
-    everything = results.curves(bimodal_epochs(), ["method"]).set_index(["method", "epoch"])
+    everything = tables.curves(bimodal_epochs(), ["method"]).set_index(["method", "epoch"])
     assert everything.loc[("a", 1), "n"] == 5 and everything.loc[("a", 1), "diverged"] == 0
 
 
 def test_a_setting_whose_every_run_diverged_keeps_its_epochs_with_no_mean():
-    c = results.curves(bimodal_epochs(), ["method"], diverged={"b-s0", "b-s1", "b-s2"}).set_index(["method", "epoch"])
+    c = tables.curves(bimodal_epochs(), ["method"], diverged={"b-s0", "b-s1", "b-s2"}).set_index(["method", "epoch"])
     assert (c.loc["b", "n"] == 0).all() and (c.loc["b", "diverged"] == 3).all() and c.loc["b", "mean"].isna().all()
 
 
@@ -113,9 +132,9 @@ def test_curves_written_before_diverged_runs_were_left_out_are_formed_again(tmp_
     epochs = bimodal_epochs()
     write(cfg, "epochs", epochs)
     write(cfg, "summary", summary_of(epochs, {"a-s0"}))
-    old = results.curves(epochs, ["method"]).drop(columns="diverged")
+    old = tables.curves(epochs, ["method"]).drop(columns="diverged")
     write(cfg, "curves", old)
-    c = results.read_curves(cfg, ["method"]).set_index(["method", "epoch"])
+    c = tables.read_curves(cfg, ["method"]).set_index(["method", "epoch"])
     assert c.loc[("a", 1), "n"] == 4 and c.loc[("a", 1), "diverged"] == 1
 
 
@@ -153,7 +172,7 @@ def test_a_run_that_learns_in_training_mode_only_did_learn():
     cfg = config.load("normalizers", preset="smoke")
     summary = pd.DataFrame({"run": ["bn-s0", "bn-s1", "none-s0"], "learned": [False, False, False],
                             "train_mode_acc": [97.0, 12.0, math.nan]})  # fmt: skip
-    assert results.learned_in_a_mode(summary, cfg).tolist() == [True, False, False]
+    assert tables.learned_in_a_mode(summary, cfg).tolist() == [True, False, False]
     assert outcomes.learned_flags(summary).tolist() == [False, False, False]
 
 
@@ -183,7 +202,7 @@ def test_normalizers_say_bn_at_batch_1_learns_in_training_mode_and_fails_in_eval
     assert t.loc["batchnorm", "train_mode_acc"] == pytest.approx(98.0)
     assert t.loc["batchnorm", "eval_mode_acc"] == pytest.approx(6.5)
     assert t.loc["batchnorm", "eval_mode_low"] >= 0.0 and t.loc["batchnorm", "train_mode_high"] <= 100.0
-    assert results.not_learned(cfg) == []  # the BN runs learned in training mode
+    assert tables.not_learned(cfg) == []  # the BN runs learned in training mode
     rows = normalizers.headlines(cfg)
     assert not any("did not learn" in r["quantity"] for r in rows)
     (modes,) = [r for r in rows if "in training mode" in r["quantity"]]
@@ -199,7 +218,7 @@ def test_the_runs_that_did_not_learn_are_named_with_the_right_words(tmp_path):
     summary = normalizer_summary()
     summary.loc[summary["run"] == "batchnorm-b1-s1", "train_mode_acc"] = 11.0  # fails in both modes
     write(cfg, "summary", summary)
-    (row,) = results.not_learned(cfg)
+    (row,) = tables.not_learned(cfg)
     assert row["reproduced"] == "1 of 6: batchnorm-b1-s1"
     assert "at or below chance + 5 points in every mode" in row["quantity"] and "chance is 10%" in row["quantity"]
     assert "within" not in row["quantity"]
@@ -213,7 +232,7 @@ def test_batch_size_says_bn_at_batch_1_did_not_learn_in_evaluation_mode_below_ch
                      "batch_size": 1, "initial_lr": 0.01, "label": batch_size.label("batchnorm", 1, 0.01),
                      "epoch": 1, "updates": 24, "test_acc": acc})  # fmt: skip
     epochs = pd.DataFrame(rows)
-    write(cfg, "curves", results.curves(epochs, batch_size.KEYS, carry=["updates"]))
+    write(cfg, "curves", tables.curves(epochs, batch_size.KEYS, carry=["updates"]))
     write(cfg, "summary", summary_of(epochs, set()))
     (row,) = [r for r in batch_size.headlines(cfg) if r["quantity"].startswith("final test accuracy")]
     assert row["reproduced"] == "did not learn in evaluation mode (4.50%; chance is 10%)"

@@ -26,7 +26,7 @@ affine.csv       every run's affine rows, with run, setting, method, seed, width
 ablation.csv     one row per setting (ablation.SETTING_COLUMNS), where the grid has ablations
 lr_sweep.csv     the validation sweep's runs (lr_sweep.py), where experiment.lr_sweep is set
 epochs.csv, curves.csv  every run's metrics; test accuracy per setting, mean and 95% interval over
-                 the seeds that did not diverge (results.curves)
+                 the seeds that did not diverge (experiments.tables.curves)
 summary.csv      one row per run: engine columns + width, final_mean_ratio (final epoch, mean over
                  layers 1..9), final_population_abs_mean, final_population_drift, final_population_std
                  (final epoch, mean over layers 2..9), final_test_acc, best_test_acc; with the affine
@@ -50,7 +50,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.covariate_shift import final_population
 from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, setting_table, tables
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 
-@experiment("drift", section="beyond the paper (drift)", plot=plot, headlines=headlines, paragraphs=paragraphs)
+@experiment("drift", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
     if cfg.experiment.get("lr_sweep") is not None:
         kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
@@ -101,26 +101,26 @@ def run(cfg: DictConfig) -> Path:
 
     manifests = run_sweep(cfg, specs, observers=observers)
     width = {"width": "model.width"}
-    spread = results.gather(specs, SpreadProbe.name, width)
-    population = results.gather(specs, PopulationProbe.name, width)
-    affine = results.gather(specs, AffineProbe.name, width) if affine_probe else None
-    results.write(cfg, "spread", spread)
-    results.write(cfg, "population", population)
+    spread = run_tables.gather(specs, SpreadProbe.name, width)
+    population = run_tables.gather(specs, PopulationProbe.name, width)
+    affine = run_tables.gather(specs, AffineProbe.name, width) if affine_probe else None
+    run_tables.write(cfg, "spread", spread)
+    run_tables.write(cfg, "population", population)
     if affine is not None:
-        results.write(cfg, "affine", affine)
+        run_tables.write(cfg, "affine", affine)
 
     def columns(spec) -> dict:
-        s = results.of_run(spread, spec.name)
+        s = run_tables.of_run(spread, spec.name)
         final = {"final_mean_ratio": s.loc[s["epoch"] == s["epoch"].max(), "ratio"].mean()} if len(s) else {}
         p = final_population(population, spec.name)
         if p:
-            last = results.of_run(population, spec.name)
+            last = run_tables.of_run(population, spec.name)
             p["final_population_std"] = last.loc[last["epoch"] == last["epoch"].max(), "avg_std"].mean()
         changes = final_change(affine, spec.name) if affine is not None else {}
         return {"width": spec.cfg.model.width} | final | p | changes
 
-    out = results.write_curves_and_summary(cfg, specs, manifests, results.gather(specs), ["setting"], columns)
-    if ablation_settings(results.read(cfg, "summary")):
-        results.write(cfg, "ablation", setting_table(cfg, tables(cfg)))
+    out = run_tables.write_curves_and_summary(cfg, specs, manifests, run_tables.gather(specs), ["setting"], columns)
+    if ablation_settings(run_tables.read(cfg, "summary")):
+        run_tables.write(cfg, "ablation", setting_table(cfg, tables(cfg)))
     plot(cfg)
     return out

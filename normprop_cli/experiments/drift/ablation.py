@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import outcomes, statistics
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
 
 # What a grid entry's `set` can change beside the method: (key, value) -> (name suffix, label, the part of
@@ -50,7 +50,7 @@ def kind_label(kind: str) -> str:
         if kind.endswith(f"-{suffix}"):
             kind = kind.removesuffix(f"-{suffix}")
             parts.insert(0, label)
-    return " ".join([results.method_label(kind), ", ".join(parts)]).strip()
+    return " ".join([run_tables.method_label(kind), ", ".join(parts)]).strip()
 
 
 def entry(cfg: DictConfig, setting: str):
@@ -68,7 +68,7 @@ def entry_get(cfg: DictConfig, setting: str) -> Callable[[str], object] | None:
 def label(cfg: DictConfig, setting: str, method: str) -> str:
     """A setting's name in the report: its kind's label from the grid, or the method and the setting's id."""
     get = entry_get(cfg, setting)
-    return kind_label(setting_kind(get)) if get else f"{results.method_label(method)} ({setting})"
+    return kind_label(setting_kind(get)) if get else f"{run_tables.method_label(method)} ({setting})"
 
 
 def cause(cfg: DictConfig, setting: str) -> str:
@@ -117,7 +117,7 @@ def rates(cfg: DictConfig) -> dict[str, float]:
 
 def tables(cfg: DictConfig) -> dict[str, pd.DataFrame]:
     """summary, population, spread and affine (empty where missing), the runs that learned and did not diverge."""
-    summary = results.read(cfg, "summary")
+    summary = run_tables.read(cfg, "summary")
     out = {"summary": summary}
     for name in ("population", "spread", "affine"):
         out[name] = learned_rows(cfg, read_optional(cfg, name))
@@ -133,7 +133,7 @@ def setting_table(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> 
     lr = rates(cfg)
     rows = []
     for setting, g in summary.groupby("setting", sort=False):
-        kept = results.kept(g)
+        kept = run_tables.kept(g)
         kept = kept[outcomes.learned_flags(kept).eq(True)] if "learned" in kept else kept
         method, width = g["method"].iloc[0], float(g["width"].iloc[0]) if "width" in g else math.nan
         acc = statistics.proportion_ci(kept["final_test_acc"]) if "final_test_acc" in kept else statistics.mean_ci([])

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation import (
     QUANTITIES,
     accounting,
@@ -69,7 +69,7 @@ def _intro(cfg: DictConfig, last: int) -> str:
         f"**Ablation ({cfg.dataset.name}, {cfg.preset.name} preset).** Which part of NormProp makes its layer inputs "
         f"leave N(0, 1)? (`ablation.csv`, `affine.csv`, `drift_ablation.png`.) Each setting below trains {last} "
         f"epoch{'s' * (last != 1)} at {rate}, and the probes measure "
-        f"{results.probe_set(cfg)}. Drift, |mean| and std are the population's (layers 2-9, mean over layers at the "
+        f"{run_tables.probe_set(cfg)}. Drift, |mean| and std are the population's (layers 2-9, mean over layers at the "
         "last epoch), each a mean over seeds with a 95% t interval; accuracy has a 95% interval on the logit scale; "
         "gamma and beta change is the RMS over units of the change since initialisation, mean over layers and seeds. "
         "Each ablation's difference from its main setting is a Welch 95% interval over independent seeds, one per "
@@ -90,7 +90,7 @@ def _markdown(s: pd.DataFrame) -> str:
                  *[format_ci(r[q], r[f"{q}_low"], r[f"{q}_high"]) for q in QUANTITIES],
                  _num(r["ratio"]), _num(r["gamma_change"], ".3f"), _num(r["beta_change"], ".3f")]  # fmt: skip
         rows.append(cells)
-    return "\n".join(markdown(head, rows))
+    return "\n".join(markdown(rows, head, rule="---"))
 
 
 def _num(v: float, spec: str = ".2f") -> str:

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import plots, results
+from normprop_cli.experiments import plots
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation import label, read_optional
 from normprop_cli.experiments.drift.tables import (
     ablation_settings,
@@ -29,7 +30,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     from matplotlib.ticker import MaxNLocator
 
     plt = plots.pyplot()
-    spread, population = main_rows(results.read(cfg, "spread")), main_rows(results.read(cfg, "population"))
+    spread, population = main_rows(run_tables.read(cfg, "spread")), main_rows(run_tables.read(cfg, "population"))
     groups = by_group(spread)
     ncol = max(3, len(groups))
     fig, axes = plt.subplots(3, ncol, figsize=(3.6 * ncol, 9.4), squeeze=False)
@@ -60,7 +61,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     narrow = spread["width"].min()
     for ax, (table, column, what) in zip(axes[2], bottom, strict=False):
         for key, g in by_group(table):
-            style = {"color": results.METHOD_COLORS.get(key[0], "C2"), "linestyle": "--" if key[1] > narrow else "-"}
+            style = {"color": run_tables.METHOD_COLORS.get(key[0], "C2"), "linestyle": "--" if key[1] > narrow else "-"}
             ax.plot(*_xy(by_epoch(g, column)), marker="o", markersize=2, label=group_label(key, g), **style)
         ax.set_ylabel(what, fontsize=7)
     for ax in axes[2, len(bottom) :]:
@@ -83,7 +84,7 @@ def plot_ablation(cfg: DictConfig) -> list[Path]:
     (mean over layers) and NormProp's mean gamma / f per layer at the last epoch (dotted: initialisation)."""
     from matplotlib.ticker import MaxNLocator
 
-    population = results.read(cfg, "population")
+    population = run_tables.read(cfg, "population")
     if not ablation_settings(population):
         return []
     population, affine = learned_rows(cfg, population), learned_rows(cfg, read_optional(cfg, "affine"))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
 from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
 from normprop_cli.statistics import format_mean_ci
@@ -25,8 +25,8 @@ def headlines(cfg: DictConfig) -> list[dict]:
     fraction, and the population's average |mean|, std and drift; mean [95% CI] over seeds. The paper's
     column: what Prop. 1 and section 3.3 expect of each quantity (experiment.paper_expects)."""
     expects = cfg.experiment.paper_expects
-    spread = learned_rows(cfg, main_rows(results.read(cfg, "spread")))
-    population = learned_rows(cfg, main_rows(results.read(cfg, "population")))
+    spread = learned_rows(cfg, main_rows(run_tables.read(cfg, "spread")))
+    population = learned_rows(cfg, main_rows(run_tables.read(cfg, "population")))
     rows = []
     for key, g in by_group(spread):
         name, last = group_label(key, g), int(g["epoch"].max())
@@ -57,7 +57,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         ):
             rows.append(_row(f"layer inputs' {what} at epoch {last}, all units, mean over layers 2-9, {name}",
                              format_mean_ci(mean_at(g, column, last), 3), expects[column]))  # fmt: skip
-    return rows + ablation_headlines(cfg) + results.not_learned(cfg) + results.diverged_runs(cfg)
+    return rows + ablation_headlines(cfg) + run_tables.not_learned(cfg) + run_tables.diverged_runs(cfg)
 
 
 def _change(g: pd.DataFrame, column: str, last: int, digits: int = 3, layers=None) -> str:
@@ -111,7 +111,7 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
 def paragraphs(cfg: DictConfig) -> list[str]:
     """The finding in sentences, every number read from spread.csv and population.csv (runs that
     learned and did not diverge): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
-    spread, population = (learned_rows(cfg, main_rows(results.read(cfg, name))) for name in ("spread", "population"))
+    spread, population = (learned_rows(cfg, main_rows(run_tables.read(cfg, name))) for name in ("spread", "population"))
     s = _summary(spread, population)
     if not s:
         return []

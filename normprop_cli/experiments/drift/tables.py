@@ -13,7 +13,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli import outcomes, statistics
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.outcomes import learned_flags
 
 GROUP = ["method", "width"]
@@ -21,8 +21,8 @@ GROUP = ["method", "width"]
 
 def learned_rows(cfg: DictConfig, table: pd.DataFrame) -> pd.DataFrame:
     """The rows of runs that learned and did not diverge; the others stay in the CSVs, out of the
-    headlines (results.not_learned names those that did not learn)."""
-    summary = results.read(cfg, "summary")
+    headlines (experiments.tables.not_learned names those that did not learn)."""
+    summary = run_tables.read(cfg, "summary")
     if "learned" not in summary or not len(table):
         return table
     kept = summary.loc[learned_flags(summary).eq(True) & ~outcomes.diverged(summary), "run"]
@@ -52,14 +52,14 @@ def by_group(table: pd.DataFrame):
     if not len(table):
         return []
     groups = table.groupby(GROUP, sort=False)
-    return sorted(groups, key=lambda g: (results.method_rank(g[0][0]), g[0][1]))
+    return sorted(groups, key=lambda g: (run_tables.method_rank(g[0][0]), g[0][1]))
 
 
 def group_label(key, g: pd.DataFrame) -> str:
     """A (method, width) group's name in the legends and headlines, with its number of seeds."""
     method, width = key
     seeds = g["seed"].nunique()
-    return f"{results.method_label(method)}, width {width:g} ({seeds} seed{'s' if seeds > 1 else ''})"
+    return f"{run_tables.method_label(method)}, width {width:g} ({seeds} seed{'s' if seeds > 1 else ''})"
 
 
 def by_epoch(g: pd.DataFrame, column: str, layers=None) -> pd.Series:

@@ -16,7 +16,7 @@ summary.csv      one row per run: engine columns + normalizer, batch_size, initi
                  best_val_test_acc, step_ms, drift (mean over layers at the final epoch),
                  train_mode_acc, eval_mode_acc (batch-statistics methods at batch 1, final epoch);
                  `learned` is True where the run learned in a mode it is scored in (either mode at
-                 batch 1 for batch-statistics methods, results.learned_in_a_mode)
+                 batch 1 for batch-statistics methods, experiments.tables.learned_in_a_mode)
 population.csv   every run's population metric per layer and epoch (probes.PopulationProbe)
 mode_gap.csv     batch-statistics methods at batch 1: test accuracy in both modes, every
                  `experiment.mode_gap_every`-th epoch and the last
@@ -38,7 +38,7 @@ import torch
 from omegaconf import DictConfig
 
 from normprop_cli.engine import expand_grid, run_sweep
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.batch_size import updates_per_epoch
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
@@ -103,38 +103,38 @@ def observers(spec):
     return found
 
 
-@experiment("normalizers", section="beyond the paper", plot=plot, headlines=headlines, paragraphs=paragraphs)
+@experiment("normalizers", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
     cfg = with_rates(cfg, choose_rates(cfg, method=lambda c: c.method, label=label))
     specs = expand_grid(cfg)
     manifests = run_sweep(cfg, specs, observers=observers)
     steps = {spec.name: updates_per_epoch(m, spec.cfg) for spec, m in zip(specs, manifests, strict=True)}
     cols = {"normalizer": "model.norm", "batch_size": "train.batch_size", "initial_lr": "train.lr"}
-    epochs = results.gather(specs, columns=cols)
+    epochs = run_tables.gather(specs, columns=cols)
     if len(epochs):
         epochs["normalizer"] = epochs["run"].map({s.name: s.cfg.method for s in specs})
         epochs["step_ms"] = 1000.0 * epochs["train_seconds"] / epochs["run"].map(steps).clip(lower=1)
-    population = results.gather(specs, PopulationProbe.name)
-    gaps = results.gather(specs, ModeGap.name)
-    results.write(cfg, "population", population)
-    results.write(cfg, "mode_gap", gaps)
+    population = run_tables.gather(specs, PopulationProbe.name)
+    gaps = run_tables.gather(specs, ModeGap.name)
+    run_tables.write(cfg, "population", population)
+    run_tables.write(cfg, "mode_gap", gaps)
 
     def columns(spec):
-        runs = results.of_run(epochs, spec.name)
+        runs = run_tables.of_run(epochs, spec.name)
         t = spec.cfg.train
         row = {"normalizer": spec.cfg.method, "batch_size": int(t.batch_size), "initial_lr": float(t.lr),
                "step_ms": runs["step_ms"].median() if len(runs) else math.nan,
-               "drift": final_drift(results.of_run(population, spec.name)),
+               "drift": final_drift(run_tables.of_run(population, spec.name)),
                "best_val_test_acc": best_val_test_acc(runs)}  # fmt: skip
-        gap = results.of_run(gaps, spec.name)
+        gap = run_tables.of_run(gaps, spec.name)
         if len(gap):
             train, evaluation = gap["train_mode_acc"].iloc[-1], gap["eval_mode_acc"].iloc[-1]
             row |= {"train_mode_acc": train, "eval_mode_acc": evaluation}
             if len(runs):  # did not learn only where it did not in either mode
-                row["learned"] = results.learned(max(runs["test_acc"].iloc[-1], train), spec.cfg)
+                row["learned"] = run_tables.learned(max(runs["test_acc"].iloc[-1], train), spec.cfg)
         return row
 
-    out = results.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
-    results.write(cfg, "normalizers", table(cfg, results.read(cfg, "summary")))
+    out = run_tables.write_curves_and_summary(cfg, specs, manifests, epochs, KEYS, columns)
+    run_tables.write(cfg, "normalizers", table(cfg, run_tables.read(cfg, "summary")))
     plot(cfg)
     return out

@@ -9,7 +9,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli import outcomes, statistics
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.normalizers.tables import label, read_table
 from normprop_cli.statistics import markdown
 
@@ -33,7 +33,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                                  f"[95% CI, n = {int(r['n'])}] in training mode (each image normalised by its own "
                                  "statistics) / in evaluation mode (running estimates)",
                      "reproduced": f"{_ci(r, 'train')} / {_ci(r, 'eval')}: {_modes(r, cfg)}", "paper": ""})  # fmt: skip
-    return rows + results.not_learned(cfg)
+    return rows + run_tables.not_learned(cfg)
 
 
 def _ci(row, prefix: str) -> str:
@@ -55,9 +55,9 @@ def _counts(row) -> str:
 def _modes(row, cfg: DictConfig) -> str:
     """'learns in training mode and fails in evaluation mode (mean final accuracy at or below chance + 5
     points; chance is 10%)': each mode's mean final accuracy against chance + outcomes.LEARNED_MARGIN."""
-    bar = results.chance(cfg) + outcomes.LEARNED_MARGIN
-    learns = {results.MODES[c]: float(row[c]) > bar for c in ("train_mode_acc", "eval_mode_acc")}
-    chance = f"chance is {results.chance(cfg):g}%"
+    bar = run_tables.chance(cfg) + outcomes.LEARNED_MARGIN
+    learns = {run_tables.MODES[c]: float(row[c]) > bar for c in ("train_mode_acc", "eval_mode_acc")}
+    chance = f"chance is {run_tables.chance(cfg):g}%"
     if all(learns.values()):
         return f"learns in both modes (mean final accuracy above chance + {outcomes.LEARNED_MARGIN:g} points; {chance})"
     said = " and ".join(f"{'learns' if ok else 'fails'} in {mode}" for mode, ok in learns.items())
@@ -99,7 +99,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
                 final += f" in evaluation mode; {_ci(r, 'train')} in training mode"
             rows.append([int(r["rank"]), label(r["normalizer"]), f"{r['lr']:g}", f"{final}{_counts(r)}",
                          _ci(r, "best"), vs, _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
-        out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(head, rows)))
+        out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(rows, head, rule="---")))
         out.append(_finding(g, int(bs), ref))
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
@@ -183,7 +183,7 @@ def edges(cfg: DictConfig) -> str:
 
     if not stepped(cfg) or not (sweep_dir(cfg) / "lr_sweep.csv").exists():
         return ""
-    sweep = results.read(cfg, "lr_sweep")
+    sweep = run_tables.read(cfg, "lr_sweep")
     found, flat = edge_choices(sweep), flat_choices(cfg, sweep)
     if not len(found):
         return "*Rates.* Every chosen rate is interior to the rates its sweep tried (`lr_sweep.csv`)." + flat
@@ -203,7 +203,7 @@ def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
     every rate scored near chance on validation (evaluation mode): their choice says nothing; '' if none."""
     if "score" not in sweep:
         return ""
-    bar = results.chance(cfg) + outcomes.LEARNED_MARGIN
+    bar = run_tables.chance(cfg) + outcomes.LEARNED_MARGIN
     best = sweep.groupby("setting").agg(method=("method", "first"), batch_size=("batch_size", "first"),
                                         top=("score", "max"))  # fmt: skip
     flat = best[best["top"] <= bar]

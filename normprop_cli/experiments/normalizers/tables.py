@@ -9,7 +9,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from normprop_cli import statistics
-from normprop_cli.experiments import results
+from normprop_cli.experiments import tables as run_tables
 from normprop_cli.nn import methods
 
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
@@ -53,7 +53,7 @@ def comparisons(summary: pd.DataFrame, reference: str) -> int:
     of the Bonferroni correction, m."""
     count = 0
     for _, every in summary.groupby("batch_size"):
-        kept = results.kept(every)
+        kept = run_tables.kept(every)
         if (kept["normalizer"] == reference).sum() >= 2:
             count += int((kept.groupby("normalizer").size() >= 2).drop(reference, errors="ignore").sum())
     return max(count, 1)
@@ -69,27 +69,27 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per batch size and method, ranked by mean final test accuracy (best first), over the
     runs that did not diverge (those are counted in `diverged`): accuracies with proportion_ci, drift,
     the mode gap and the difference from the reference with t intervals; `learned` counts the runs
-    that learned in a mode they are scored in (results.learned_in_a_mode)."""
+    that learned in a mode they are scored in (experiments.tables.learned_in_a_mode)."""
     reference = cfg.experiment.get("reference", "normprop-icml")
     level = 1.0 - (1.0 - statistics.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
     rows = []
     for bs, every in summary.groupby("batch_size", sort=True):
-        at = results.kept(every)
+        at = run_tables.kept(every)
         ref = at.loc[at["normalizer"] == reference, "final_test_acc"]
         for method, runs in every.groupby("normalizer", sort=False):
-            g = results.kept(runs)
+            g = run_tables.kept(runs)
             final = statistics.proportion_ci(g["final_test_acc"])
             best = statistics.proportion_ci(g["best_val_test_acc"])
             drift = statistics.mean_ci(g["drift"])
             drift["ci_low"] = max(drift.get("ci_low", math.nan), 0.0)  # an average distance: never below 0
             modes = {}  # train_mode_acc, train_mode_low, ..., eval_mode_high
-            for column in results.MODES:
+            for column in run_tables.MODES:
                 modes |= _ci_columns(column, statistics.proportion_ci(g[column]) if column in g else {})
             gap = statistics.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
             diff = welch(g["final_test_acc"], ref, level) if method != reference and len(ref) else (math.nan,) * 4
             rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
                          "n": final["n"], "diverged": len(runs) - len(g),
-                         "learned": int(results.learned_in_a_mode(g, cfg).eq(True).sum()),
+                         "learned": int(run_tables.learned_in_a_mode(g, cfg).eq(True).sum()),
                          "final_acc": final["mean"], "final_low": final["ci_low"], "final_high": final["ci_high"],
                          "best_val_acc": best["mean"], "best_val_low": best["ci_low"], "best_val_high": best["ci_high"],
                          "diff_vs_reference": diff[0], "diff_low": diff[1], "diff_high": diff[2], "p_value": diff[3],
@@ -116,5 +116,5 @@ def _ci_columns(column: str, ci: dict) -> dict:
 def read_table(cfg: DictConfig) -> pd.DataFrame:
     """normalizers.csv; one written by an earlier version of `table` (other columns) is formed again
     from summary.csv, so that the figure and the report always show this version's numbers."""
-    t = results.read(cfg, "normalizers")
-    return t if list(t.columns) == TABLE else table(cfg, results.read(cfg, "summary"))
+    t = run_tables.read(cfg, "normalizers")
+    return t if list(t.columns) == TABLE else table(cfg, run_tables.read(cfg, "summary"))

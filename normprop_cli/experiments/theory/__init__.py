@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import io
 from normprop_cli.experiments.base import experiment
-from normprop_cli.experiments.results import command, read_csv
+from normprop_cli.experiments.tables import command, read_csv
 from normprop_cli.experiments.theory.activations import activation_table
 from normprop_cli.experiments.theory.common import published
 from normprop_cli.experiments.theory.figures import FIGURES
@@ -145,9 +145,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     return paths
 
 
-@experiment(
-    "theory", section="Sections 3.2-3.4, Remarks 1-2, Proposition 1", plot=plot, headlines=headlines, trains=False
-)
+@experiment("theory", plot=plot, headlines=headlines, trains=False)
 def run(cfg: DictConfig) -> Path:
     out = out_dir(cfg)
     with one_thread():

@@ -53,3 +53,26 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     assert out[0].startswith(str(site)) and out[1] == str(site / "normprop_cli" / "conf")
     assert out[2] == "25"  # SVHN's 25 epochs: the experiment_dataset group shipped too
     assert out[3] == str(site / "normprop" / "__init__.py")
+
+
+def test_pyproject_declares_every_third_party_import():
+    """Every top-level module the package imports that is neither the standard library nor its own is
+    a declared dependency (by its distribution's name)."""
+    import ast
+    import re
+    import tomllib
+
+    distribution = {"sklearn": "scikit-learn", "hydra": "hydra-core"}  # import name -> distribution
+    declared = {
+        re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower()
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    imported = set()
+    for path in [*(ROOT / "normprop_cli").rglob("*.py"), *(ROOT / "normprop").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"normprop", "normprop_cli", "__future__"}
+    assert sorted(m for m in third_party if distribution.get(m, m).lower() not in declared) == []

@@ -52,8 +52,8 @@ class Experiment:
         return paper_datasets(self.name) if self.trains else ()
 
 
-# In the order `normprop reproduce-all` runs them: that of registration (experiments/__init__.py
-# imports the package's own in the paper's order).
+# By name; experiments/__init__.py puts the package's own in reproduce-all's order (its ORDER) once
+# they have registered, and any registered later follow them.
 EXPERIMENTS: dict[str, Experiment] = {}
 
 

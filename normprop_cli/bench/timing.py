@@ -22,7 +22,7 @@ from normprop_cli.nn.methods import METHODS, settings
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_none_low", "ratio_vs_none_high",
            "ratio_vs_batchnorm", "ratio_vs_batchnorm_low", "ratio_vs_batchnorm_high",
-           *(f"{p}_ms_median" for p in PHASES), "flush_denormal", "load_average", "finite"]  # fmt: skip
+           *(f"{p}_ms_median" for p in PHASES), "ops_per_step", "flush_denormal", "load_average", "finite"]  # fmt: skip
 LEAST_STEPS = {1: 100}  # timed steps per method at least, by batch size; 30 at the others
 LEAST_OTHERWISE = 30
 MOST_STEPS = 400
@@ -77,7 +77,8 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
                methods=None):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
-    steps only, see StepClock; else empty); {method: whether every loss of its steps was finite}."""
+    steps only, see StepClock; else empty); {method: (whether every loss of its steps was finite,
+    its operator calls per step, `ops_per_step`)}."""
     methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
@@ -101,7 +102,29 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
             rounds = warmup + max(least, min(MOST_STEPS, int(budget_s / max(per_round, 1e-6))))
     finite = {m: bool(torch.isfinite(torch.stack(v)).all()) for m, v in losses.items()}
     phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
+    for m, run in runs.items():
+        run.clock = None
+        finite[m] = (finite[m], ops_per_step(run, x[0], y[0]))
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
+
+
+def ops_per_step(step, x, y, steps: int = 2) -> float:
+    """The operator calls of one step, counted by torch.profiler over `steps` untimed steps: the ATen
+    calls made from Python or from autograd, not those an operator makes inside (a fixed cost each,
+    which is what a batch-1 step pays for)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step(x, y)
+    count = 0
+    for event in prof.events():
+        if event.name.startswith("aten::"):
+            parent = event.cpu_parent
+            while parent is not None and not parent.name.startswith("aten::"):
+                parent = parent.cpu_parent
+            count += parent is None
+    return count / steps
 
 
 def failing_methods(data, cfg, dev, options: StepOptions, methods=None, width: float = 0.25,
@@ -159,6 +182,7 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
         phase_ms = {f"{p}_ms_median": statistics.median(phases[m][p]) if phases[m].get(p) else float("nan")
                     for p in PHASES}  # fmt: skip
+        ok, ops = finite[m]
         rows.append({
             "method": m, "batch_size": bs, "width": width, "precision": precision,
             "device": devices.describe(dev),
@@ -167,8 +191,8 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
             **{f"ratio_vs_{ref}{end}": v for ref, (mid, lo, hi) in vs.items()
                for end, v in (("", mid), ("_low", lo), ("_high", hi))},
-            **phase_ms,
-            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
+            **phase_ms, "ops_per_step": ops,
+            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": ok,
         })  # fmt: skip
     return rows
 

@@ -1,7 +1,22 @@
-"""NormProp's fast path: eq. 11 folded into one autograd function per layer (`_FoldedOp`), and
-`fold`, which folds the constants of many layers in a few batched operations (NormPropLayer's
-docstring in layers.py says when each road is taken). Layers are duck-typed here, so that this
-module needs nothing of layers.py.
+"""NormProp's fast path: eq. 11 folded into the weights of each layer, the weight-side work of many
+layers batched into one autograd node (`_FoldAll`), and `fold`, which folds the constants of many
+layers in a few batched operations (NormPropLayer's docstring in layers.py says when this road is
+taken). Layers are duck-typed here, so that this module needs nothing of layers.py.
+
+Per layer i, with s_i = gamma_i / (f c1 ||W_i||) and b_i = (beta_i - c2) / c1 (c1 = 1, c2 = 0 for
+the classifier), `fold_layers(layers, roads)` gives what the layer's convolution takes:
+
+    weights road  u_i = W_i s_i (one batched multiply for all such layers), then conv(x, u_i) + b_i
+    output road   u_i = W_i itself and s_i, then conv(x, W_i) s_i + b_i (the scale on the smaller
+                  output: batch size 1, wide late layers; float32 only)
+
+The convolution, the clamp of the ReLU and the output's scale are PyTorch's own operations, so
+that their backward is autograd's. `_FoldAll`'s backward gets every layer's G_i = dL/du_i,
+dL/ds_i (output road) and dL/db_i at once and, in a few batched operations for all layers:
+
+    ds_i = sum_rows(G_i W_i) (weights road)         dL/dgamma_i = ds_i / (f c1 ||W_i||)
+    dL/dW_i = G_i s_i - (s_i / ||W_i||^2) ds_i W_i    dL/dbeta_i = dL/db_i / c1
+    (output road: G_i is already dL/dW_i at fixed s_i, so no s_i factor)
 """
 
 from __future__ import annotations
@@ -24,77 +39,91 @@ class Folded(NamedTuple):
 
 
 @torch.no_grad()
-def fold(layers: Sequence) -> list[Folded]:
-    """`Folded` of each layer (ReLU or classifier), in a few operations for all layers together."""
+def _fold_flat(layers: Sequence) -> Folded:
+    """`Folded` of all `layers` together, each field the layers' vectors end to end."""
     norms = torch.cat([torch.linalg.vector_norm(m.weight, dim=_rows(m.weight)) for m in layers])
     consts = torch.cat([m.folded_constants(norms) for m in layers], dim=1)
     dscale = consts[0] / norms
     scale = torch.cat([m.gamma for m in layers]) * dscale
     bias = torch.addcmul(consts[2], torch.cat([m.beta for m in layers]), consts[1])
     radial = scale / (norms * norms)
+    return Folded(scale, bias, dscale, radial, consts[1])
+
+
+def fold(layers: Sequence) -> list[Folded]:
+    """`Folded` of each layer (ReLU or classifier), in a few operations for all layers together."""
     sizes = [m.gamma.numel() for m in layers]
-    parts = (t.split(sizes) for t in (scale, bias, dscale, radial, consts[1]))
+    parts = (t.split(sizes) for t in _fold_flat(layers))
     return [Folded(*p) for p in zip(*parts, strict=True)]
 
 
-def _rows(w: Tensor) -> tuple[int, ...]:
-    return tuple(range(1, w.ndim))
+def fold_layers(layers: Sequence, roads: Sequence[bool]) -> list[tuple[Tensor, Tensor, Tensor, bool]]:
+    """(u_i, s_i, b_i, output road) for each layer, what its convolution takes (module docstring);
+    `roads[i]`: whether layer i scales its output rather than its weights. One autograd node for all."""
+    n = len(layers)
+    params = [m.weight for m in layers] + [m.gamma for m in layers] + [m.beta for m in layers]
+    out = _FoldAll.apply(layers, tuple(roads), *params)
+    return list(zip(out[:n], out[n : 2 * n], out[2 * n :], roads, strict=True))
 
 
-class _FoldedOp(torch.autograd.Function):
-    """out_i = max(s_i (W_i * x) + b_i, -c2/c1) (eq. 11 folded; no max for the classifier).
+class _FoldAll(torch.autograd.Function):
+    """(W_i, gamma_i, beta_i) of every layer -> (u_i, s_i, b_i) of every layer (module docstring).
 
-    The scale goes on the weights (W s) or, when the output is smaller than the weights (batch
-    size 1, late layers), on the output. Backward, with G = dL/dW at fixed s, ds_i = dL/ds_i and
-    db_i = dL/db_i: dL/dW_i = G_i - radial_i ds_i W_i, dL/dgamma_i = dscale_i ds_i,
-    dL/dbeta_i = db_i / c1.
-
-    Under bfloat16 autocast the scale always goes on the weights, which the convolution needs in
-    bfloat16 anyway: W s is computed in float32 and stored in bfloat16, the one cast autocast
-    would make of the weight, and b joins the convolution's float32 sum rather than a rounded
-    W * x it may cancel. x is cast once (the first layer's), the convolution and the clamp run in
-    bfloat16, G comes back to float32 once (autocast's cast of a weight's gradient), and the
-    gradients of the float32 parameters are float32.
+    Under bfloat16 autocast every layer takes the weights road: u_i = W_i s_i is computed in float32
+    from the float32 master weights, and the convolution casts it (autocast's one cast of a weight);
+    G_i comes back in float32 through that cast, and the gradients of the float32 parameters are float32.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, gamma, beta, scale, bias, dscale, radial, inv_c1, layer):
-        low = _autocast_dtype(x)  # None: float32, the ops as they always were
-        if low is not None:
-            x = x.to(low)
-        on_output = low is None and layer.scales_output(x)
-        if on_output:
-            u = layer._op(x, weight, None)
-            out = torch.addcmul(_channels(bias, u), u, _channels(scale, u))
-        else:
-            u = torch.mul(weight, _filters(scale, weight), out=_out(weight, low))
-            out = layer._op(x, u, bias)  # autocast casts the bias
-        if layer._floor is not None:
-            out.clamp_min_(layer._floor)
-        ctx.save_for_backward(x, weight, scale, dscale, radial, inv_c1, u, out)
-        ctx.layer, ctx.on_output = layer, on_output
-        return out
+    def forward(ctx, layers, roads, *params):
+        ctx.set_materialize_grads(False)
+        n = len(layers)
+        weights = params[:n]
+        flat = _fold_flat(layers)
+        sizes = [m.gamma.numel() for m in layers]
+        scales, biases = flat.scale.split(sizes), flat.bias.split(sizes)
+        on_w = [i for i in range(n) if not roads[i]]
+        shaped = _per_filter(flat.scale, sizes, weights)
+        products = iter(_foreach_mul([weights[i] for i in on_w], [shaped[i] for i in on_w]))
+        us = [
+            w.view_as(w) if road else next(products) for w, road in zip(weights, roads, strict=True)
+        ]  # output road: W_i
+        ctx.save_for_backward(*weights, flat.scale, flat.dscale, flat.radial, flat.inv_c1)
+        ctx.roads, ctx.sizes = roads, sizes
+        return (*us, *scales, *biases)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        x, weight, scale, dscale, radial, inv_c1, u, out = ctx.saved_tensors
-        layer = ctx.layer
-        if layer._floor is not None:
-            g = torch.ops.aten.threshold_backward(g, out, layer._floor)
-        need_x = ctx.needs_input_grad[0]
-        if ctx.on_output:  # u = W * x
-            dims = (0, *range(2, g.ndim))
-            db, ds = g.sum(dims), (g * u).sum(dims)
-            gx, gw, _ = layer._op_backward(g * _channels(scale, g), x, weight, need_x, False)
-        else:  # u = W s
-            gx, gw, db = layer._op_backward(g, x, u, need_x, True)
-            ds = (gw * weight).sum(_rows(weight))
-            s = _filters(scale, weight)  # a bfloat16 G times s is float32 at once: no separate cast
-            gw = gw.mul_(s) if gw.dtype == weight.dtype else torch.mul(gw, s)
-        gw.addcmul_(weight, _filters(radial * ds, weight), value=-1.0)
-        dbeta = db.to(inv_c1.dtype) if layer._floor is None else db * inv_c1  # the classifier: c1 = 1
-        return gx, gw, dscale * ds, dbeta, None, None, None, None, None, None
+    def backward(ctx, *grads):
+        n, roads, sizes = len(ctx.sizes), ctx.roads, ctx.sizes
+        *weights, scale, dscale, radial, inv_c1 = ctx.saved_tensors
+        gu = [g if g is not None else torch.zeros_like(w) for g, w in zip(grads[:n], weights, strict=True)]
+        on_w = [i for i in range(n) if not roads[i]]
+        ds = [grads[n + i] for i in range(n)]  # the output road's dL/ds_i; the weights road's below
+        products = _foreach_mul([gu[i] for i in on_w], [weights[i] for i in on_w])
+        for i, p in zip(on_w, products, strict=True):
+            ds[i] = p.sum(_rows(p))
+        ds = torch.cat([d if d is not None else scale.new_zeros(k) for d, k in zip(ds, sizes, strict=True)])
+        db = torch.cat([g if g is not None else scale.new_zeros(k) for g, k in zip(grads[2 * n :], sizes, strict=True)])
+        if on_w:
+            scales = _per_filter(scale, sizes, weights)
+            torch._foreach_mul_([gu[i] for i in on_w], [scales[i] for i in on_w])
+        torch._foreach_addcmul_(gu, weights, _per_filter(radial * ds, sizes, weights), value=-1.0)
+        return None, None, *gu, *(dscale * ds).split(sizes), *(db * inv_c1).split(sizes)
+
+
+def _per_filter(v: Tensor, sizes: list[int], weights: Sequence[Tensor]) -> list[Tensor]:
+    """The layers' vectors end to end in v, each shaped to broadcast over its weight [O, ...]: one view
+    and one split where the weights have one number of dimensions (the NIN's), else a view per layer."""
+    ndim = {w.ndim for w in weights}
+    if len(ndim) == 1:
+        return list(v.view(-1, *(1,) * (ndim.pop() - 1)).split(sizes))
+    return [_filters(part, w) for part, w in zip(v.split(sizes), weights, strict=True)]
+
+
+def _foreach_mul(a: list[Tensor], b: list[Tensor]) -> list[Tensor]:
+    """[a_i * b_i], one call for the list (torch's foreach refuses an empty one)."""
+    return torch._foreach_mul(a, b) if a else []
 
 
 def _autocast_dtype(x: Tensor) -> torch.dtype | None:
@@ -103,9 +132,8 @@ def _autocast_dtype(x: Tensor) -> torch.dtype | None:
     return torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
 
 
-def _out(like: Tensor, dtype: torch.dtype | None) -> Tensor | None:
-    """`out=` of `like`'s shape and layout in `dtype`; None (a new tensor, as usual) for None."""
-    return None if dtype is None else torch.empty_like(like, dtype=dtype)
+def _rows(w: Tensor) -> tuple[int, ...]:
+    return tuple(range(1, w.ndim))
 
 
 def _filters(v: Tensor, weight: Tensor) -> Tensor:

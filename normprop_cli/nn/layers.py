@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .folded import Folded, _autocast_dtype, _FoldedOp, fold
+from .folded import _autocast_dtype, _channels, fold_layers
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
@@ -59,16 +59,15 @@ class NormPropLayer(nn.Module):
     prelu((W s) * x + beta / c1), then one subtraction of c2 / c1. Any other activation:
     act((W gamma / (f ||W||)) * x + beta), then the affine (two elementwise passes).
 
-    ReLU and the classifier (the NIN case) take a faster road: `fold` computes s and the bias of
-    many layers in a few batched operations (NIN folds its nine at once: at batch size 1 a step
-    costs per operation, not per byte), and `_FoldedOp` is conv + clamp in one autograd function
-    whose backward is written out (the clamp is in place, as nn.ReLU(inplace=True) is). It puts
-    s on the output instead of the weights where the output is the smaller (batch size 1, wide
-    late layers). Under bfloat16 autocast the same road runs the convolution and the clamp in
-    bfloat16, with s and the bias folded in float32 from the float32 weights and s always on the
-    weights (`_FoldedOp`). Other activations,
-    float16 autocast and torch.compile take the plain autograd form below, which autocast and the
-    compiler handle.
+    ReLU and the classifier (the NIN case) take a faster road (folded.py): one autograd node folds
+    s and the bias of many layers and does their weight-side backward in a few batched operations
+    (NIN folds its nine at once: at batch size 1 a step costs per operation, not per byte), and the
+    convolution and the clamp are PyTorch's own, the clamp in place (`F.threshold_`, whose backward,
+    like nn.ReLU(inplace=True)'s, reads the output). It puts s on the output instead of the weights
+    where the output is the smaller (batch size 1, wide late layers). Under bfloat16 autocast the
+    same road runs the convolution and the clamp in bfloat16, with s and the bias folded in float32
+    from the float32 weights and s always on the weights. Other activations, float16 autocast and
+    torch.compile take the plain autograd form below, which autocast and the compiler handle.
     """
 
     def __init__(
@@ -139,16 +138,16 @@ class NormPropLayer(nn.Module):
             self._consts[key] = c[:, None].repeat(1, n)
         return self._consts[key]
 
-    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
-        """dL/dx (or None), dL/dweight, dL/dbias (or None) of `_op` given g = dL/d output."""
-        raise NotImplementedError
-
     def _out_numel(self, x: Tensor) -> int:
         raise NotImplementedError
 
     def scales_output(self, x: Tensor) -> bool:
-        """Whether `_FoldedOp` scales the output (if smaller than the weights), not the weights."""
+        """Whether the folded road scales the output (if smaller than the weights), not the weights."""
         return self._out_numel(x) < self.weight.numel()
+
+    def _road(self, x: Tensor) -> bool:
+        """The folded road's side for input x: True scales the output (float32 only), False the weights."""
+        return _autocast_dtype(x) is None and self.scales_output(x)
 
     def _folded_ok(self, x: Tensor) -> bool:
         return (
@@ -158,18 +157,30 @@ class NormPropLayer(nn.Module):
             and _autocast_dtype(x) in (None, torch.bfloat16)
         )
 
-    def _fold_next(self, share: Folded) -> None:
-        """Make the next forward use `share`, this layer's part of `fold(layers)` over many layers (NIN
-        folds its nine at once), instead of folding alone; the call still goes through `__call__` and hooks."""
+    def _fold_next(self, share: tuple) -> None:
+        """Make the next forward use `share`, this layer's part of `fold_layers(layers, roads)` over many
+        layers (NIN folds its nine at once), instead of folding alone; the call still goes through
+        `__call__` and hooks."""
         self.__dict__["_share"] = share
+
+    def _folded_forward(self, x: Tensor, u: Tensor, scale: Tensor, bias: Tensor, on_output: bool) -> Tensor:
+        """Eq. 11 folded: max(conv(x, W s) + b, -c2/c1), or with s on the output, conv(x, W) s + b."""
+        if on_output:
+            v = self._op(x, u, None)
+            out = torch.addcmul(_channels(bias, v), v, _channels(scale, v))
+        else:
+            out = self._op(x, u, bias)  # under autocast: u and the bias cast to bfloat16 here
+        if self._floor is not None:
+            F.threshold_(out, self._floor, self._floor)  # max(out, floor) in place
+        return out
 
     def forward(self, x: Tensor) -> Tensor:
         """Eq. 11 (eq. 9 for NormPropLinear) on x; the class docstring says which road it takes."""
         share = self.__dict__.pop("_share", None)  # left by `_fold_next`, used once
         if share is not None:
-            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *share, self)
+            return self._folded_forward(x, *share)
         if self._folded_ok(x):
-            return _FoldedOp.apply(x, self.weight, self.gamma, self.beta, *fold([self])[0], self)
+            return self._folded_forward(x, *fold_layers([self], [self._road(x)])[0])
         st = self.stats()
         c2, c1, f = st.mean, st.std, self.divisor()
         norm = self.filter_norms()
@@ -241,13 +252,6 @@ class NormPropConv2d(NormPropLayer):
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
-        bias = [self.out_channels] if need_bias else None
-        return torch.ops.aten.convolution_backward(
-            g, x, weight, bias, self.stride, self.padding, self.dilation, False, (0, 0), self.groups,
-            (need_x, True, need_bias),
-        )  # fmt: skip
-
     def _out_numel(self, x: Tensor) -> int:
         geometry = zip(x.shape[-2:], self.kernel_size, self.stride, self.padding, self.dilation, strict=True)
         h, w = ((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in geometry)
@@ -296,9 +300,6 @@ class NormPropLinear(NormPropLayer):
 
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.linear(x, weight, bias)
-
-    def _op_backward(self, g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_bias: bool):
-        return (g @ weight if need_x else None), g.t() @ x, (g.sum(0) if need_bias else None)
 
     def _out_numel(self, x: Tensor) -> int:
         return x.shape[0] * self.out_features

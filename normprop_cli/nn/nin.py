@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
+import torch
 from torch import Tensor, nn
 
 from . import normalizers as nz
 from . import online  # noqa: F401  (declares its methods)
-from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer, fold
+from .folded import fold_layers
+from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer
 from .methods import NORMS, register_method
 from .stats import ACTIVATIONS, PARAMETRIC
 
@@ -199,9 +201,27 @@ class NIN(nn.Module):
         """The 9 conv layers in order (the 9th is the classifier); hook their inputs."""
         return [m for name, m in self.features.named_children() if name.startswith("conv")]
 
+    def _roads(self, x: Tensor) -> tuple[bool, ...]:
+        """Each folded layer's road (`NormPropLayer._road`) for an input like x, from the shapes alone
+        (a walk of the layers on the meta device, once per input shape)."""
+        key = (tuple(x.shape), x.device.type, torch.is_autocast_enabled(x.device.type))
+        cache = self.__dict__.setdefault("_road_cache", {})
+        if key not in cache:
+            t, roads = torch.empty(x.shape, device="meta"), []
+            for m in self.features:
+                if m in self._folded:
+                    roads.append(not key[2] and m.scales_output(t))  # autocast: the weights road
+                if isinstance(m, NormPropLayer):
+                    t = m._op(t, torch.empty(m.weight.shape, device="meta"), None)
+                else:
+                    t = m(t)
+            cache[key] = tuple(roads)
+        return cache[key]
+
     def forward(self, x: Tensor) -> Tensor:
         if self._folded and self._folded[0]._folded_ok(x):
-            for layer, share in zip(self._folded, fold(self._folded), strict=True):  # eq. 11, all at once
+            shares = fold_layers(self._folded, self._roads(x))  # eq. 11, all layers at once
+            for layer, share in zip(self._folded, shares, strict=True):
                 layer._fold_next(share)
         try:
             return self.features(x).flatten(1)

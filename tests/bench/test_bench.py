@@ -35,6 +35,8 @@ def test_bench_writes_the_table_it_returns(bench):
     assert set(table["batch_size"]) == {1, 4} and set(table["width"]) == {0.0625}
     assert (table["steps"] == 3).all() and table["finite"].all()
     assert (table["step_ms_median"] > 0).all()
+    ops = table.set_index(["method", "batch_size", "precision"])["ops_per_step"]
+    assert (ops > 0).all() and (ops == ops.round()).all()  # whole calls: every step makes the same ones
     phases = table[[f"{p}_ms_median" for p in PHASES]]  # on the CPU every phase of every step is timed
     assert phases.notna().all(axis=None) and (phases >= 0).all(axis=None)
 

@@ -131,12 +131,14 @@ def test_bf16_autocast_trains_close_to_float32():
 
 
 def test_an_amp_step_takes_the_folded_normprop_path(monkeypatch):
-    """Issue 13: under bf16 autocast each NormProp layer is one `_FoldedOp`, as in float32."""
+    """Issue 13: under bf16 autocast every NormProp layer takes the folded road, as in float32."""
     from normprop_cli.nn import layers
 
     calls = []
-    apply = layers._FoldedOp.apply
-    monkeypatch.setattr(layers._FoldedOp, "apply", lambda *a: calls.append(a[0].dtype) or apply(*a))
+    forward = layers.NormPropLayer._folded_forward
+    monkeypatch.setattr(
+        layers.NormPropLayer, "_folded_forward", lambda m, x, *a: calls.append(x.dtype) or forward(m, x, *a)
+    )
     model, losses = run_steps(StepOptions(amp=True))
     n = len(model.hidden_layers())
     assert calls == ([torch.float32] + [torch.bfloat16] * (n - 1)) * 4  # 4 steps; the first layer casts x

@@ -58,19 +58,31 @@ def test_forward_takes_the_input_alone(cls):
 
 
 def test_nin_still_folds_its_layers_at_once_through_the_hooks(monkeypatch):
-    """One `fold` for all NormProp layers per forward (none alone), each layer called with its hooks."""
+    """One fold for all NormProp layers per forward (none alone), each layer called with its hooks,
+    every layer's output fed by that one fold's autograd node."""
     model = NIN(10, norm="normprop", width=0.1)
     calls, seen = [], []
-    fold = nin_module.fold
-    monkeypatch.setattr(nin_module, "fold", lambda ls: calls.append(len(ls)) or fold(ls))
-    monkeypatch.setattr(layers_module, "fold", lambda ls: calls.append(-len(ls)) or fold(ls))
+    fold = nin_module.fold_layers
+    monkeypatch.setattr(nin_module, "fold_layers", lambda ls, r: calls.append(len(ls)) or fold(ls, r))
+    monkeypatch.setattr(layers_module, "fold_layers", lambda ls, r: calls.append(-len(ls)) or fold(ls, r))
     for layer in model.hidden_layers():
-        layer.register_forward_hook(lambda m, i, o: seen.append(type(o.grad_fn).__name__))
+        layer.register_forward_hook(lambda m, i, o: seen.append(fold_node(o)))
     out = model(torch.randn(2, 3, 32, 32))
-    assert calls == [9] and seen == ["_FoldedOpBackward"] * 9
+    assert calls == [9] and len(seen) == 9 and seen[0] is not None and all(n is seen[0] for n in seen)
     assert all("_share" not in layer.__dict__ for layer in model.hidden_layers())  # nothing left over
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def fold_node(t, depth=4):
+    """The folded road's autograd node (`_FoldAllBackward`) among the first `depth` steps back from t, or None."""
+    frontier = [t.grad_fn]
+    for _ in range(depth):
+        for node in frontier:
+            if type(node).__name__ == "_FoldAllBackward":
+                return node
+        frontier = [n for node in frontier if node is not None for n, _ in node.next_functions if n is not None]
+    return None
 
 
 def test_nin_takes_norm_width_and_activation_in_the_readmes_order():

@@ -1,4 +1,4 @@
-"""The folded NormProp path under bfloat16 autocast (eq. 11 folded, `_FoldedOp`) computes what
+"""The folded NormProp path under bfloat16 autocast (eq. 11 folded, `folded.fold_layers`) computes what
 autocast's plain autograd form of eq. 11 computes, forward and gradients, to bfloat16 accuracy:
 it is no further from eq. 11 in float64 than the plain form is, and its float32 parameters get
 float32 gradients."""
@@ -8,10 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_nn_fast import randomised  # tests/nn is on the path (pytest rootdir-relative imports)
+from test_library import fold_node  # tests/nn is on the path (pytest rootdir-relative imports)
+from test_nn_fast import randomised
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear
-from normprop_cli.nn.layers import JACOBIAN_MODES, fold
+from normprop_cli.nn.folded import fold
+from normprop_cli.nn.layers import JACOBIAN_MODES
 
 
 def rel(a, b) -> float:
@@ -73,12 +75,12 @@ def test_layer_bf16_folded_path_matches_the_plain_form(kind, jacobian, activatio
     with torch.autocast("cpu", torch.bfloat16):
         assert layer._folded_ok(x)
     folded = layer_run(layer, x)
-    assert type(folded[0].grad_fn).__name__ == "_FoldedOpBackward"
+    assert fold_node(folded[0]) is not None
     assert folded[0].dtype == torch.bfloat16
     assert [t.dtype for t in folded[1:]] == [torch.float32] * 4  # x and the master weights: float32
     plain_form(layer, monkeypatch)
     plain = layer_run(layer, x)
-    assert type(plain[0].grad_fn).__name__ != "_FoldedOpBackward"
+    assert fold_node(plain[0]) is None
     exact = layer_run(layer.double(), x.double(), amp=False)
     assert_bf16_like_plain(folded, plain, exact, out_tol=1e-2)
 

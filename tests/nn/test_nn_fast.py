@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear, reference_forward
-from normprop_cli.nn.layers import fold
+from normprop_cli.nn.folded import fold
 
 
 def randomised(layer, seed=0):
@@ -169,3 +169,28 @@ def test_dilated_grouped_conv_equals_eq_11_in_float64(on_output, activation, mon
     assert layer._op(x, layer.weight, None).shape == expected.shape
     assert layer._out_numel(x) == expected.numel()
     assert_matches_reference(layer, x, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_batched_fold_equals_each_layer_folded_alone_in_float64(batch):
+    """NIN folds its nine layers in one autograd node (`fold_layers`); each layer called on its own folds
+    alone. Forward and every gradient agree, on both roads (batch 1 scales some outputs)."""
+    torch.manual_seed(0)
+    model = NIN(10, norm="normprop", width=0.25).double()
+    for i, layer in enumerate(model.hidden_layers()):
+        randomised(layer, i)
+    x = torch.randn(batch, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    params = list(model.parameters())
+    together = model(x)
+    together_grads = torch.autograd.grad(together.square().sum(), params)
+    alone, roads = x, []
+    for m in model.features:  # no NIN.forward: each NormProp layer folds alone
+        if isinstance(m, NormPropLayer):
+            roads.append(m._road(alone))
+        alone = m(alone)
+    alone = alone.flatten(1)
+    alone_grads = torch.autograd.grad(alone.square().sum(), params)
+    assert model._roads(x) == tuple(roads) and any(roads) and not all(roads)
+    torch.testing.assert_close(together, alone, rtol=1e-12, atol=1e-12)
+    for a, b in zip(together_grads, alone_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

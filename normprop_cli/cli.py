@@ -247,6 +247,7 @@ def reproduce_all(
     listed = config.root(preset).preset.get("experiments")  # a preset may name its own
     for experiment in listed or EXPERIMENTS:
         typer.echo(f"== {experiment}", err=True)
+        began = time.perf_counter()
         cfg = compose(
             experiment,
             preset,
@@ -259,10 +260,13 @@ def reproduce_all(
             quiet=quiet or None,
         )
         typer.echo(f"wrote {EXPERIMENTS[experiment].run(cfg)}")
+        typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
     results = Path(cfg.results_dir)
+    began = time.perf_counter()
     typer.echo(f"wrote {write_report(results)}")
     if above := enclosing(results):
         typer.echo(f"wrote {write_report(above)}")
+    typer.echo(f"the report took {time.perf_counter() - began:.0f} s")
     typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
 
 

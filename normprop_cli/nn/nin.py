@@ -202,19 +202,17 @@ class NIN(nn.Module):
         return [m for name, m in self.features.named_children() if name.startswith("conv")]
 
     def _roads(self, x: Tensor) -> tuple[bool, ...]:
-        """Each folded layer's road (`NormPropLayer._road`) for an input like x, from the shapes alone
-        (a walk of the layers on the meta device, once per input shape)."""
+        """Each folded layer's road (`NormPropLayer._road`) for an input like x, from ARCHITECTURE's
+        geometry alone (no module is called, so no hook sees a stand-in), once per input shape."""
         key = (tuple(x.shape), x.device.type, torch.is_autocast_enabled(x.device.type))
         cache = self.__dict__.setdefault("_road_cache", {})
         if key not in cache:
-            t, roads = torch.empty(x.shape, device="meta"), []
-            for m in self.features:
+            (h, w), roads = x.shape[-2:], []
+            sizes = zip([h, *(s for _, s in feature_sizes(h))], [w, *(s for _, s in feature_sizes(w))], strict=False)
+            for m, (hi, wi) in zip(self.features, sizes, strict=False):  # each module's input size
                 if m in self._folded:
-                    roads.append(not key[2] and m.scales_output(t))  # autocast: the weights road
-                if isinstance(m, NormPropLayer):
-                    t = m._op(t, torch.empty(m.weight.shape, device="meta"), None)
-                else:
-                    t = m(t)
+                    shape = (x.shape[0], m.weight.shape[1] * getattr(m, "groups", 1), hi, wi)
+                    roads.append(not key[2] and m.scales_output(torch.empty(shape, device="meta")))  # autocast: weights
             cache[key] = tuple(roads)
         return cache[key]
 

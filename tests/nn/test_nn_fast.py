@@ -194,3 +194,14 @@ def test_batched_fold_equals_each_layer_folded_alone_in_float64(batch):
     torch.testing.assert_close(together, alone, rtol=1e-12, atol=1e-12)
     for a, b in zip(together_grads, alone_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_choosing_the_roads_calls_no_module_so_hooks_see_only_real_inputs():
+    """The roads come from the geometry, not from a pass on stand-in tensors: a probe's hooks on every
+    module (here the plain classifier of the normalizers experiment too) see the real batch alone."""
+    model = NIN(10, norm="normprop", width=0.1, classifier="plain")
+    seen = []
+    for m in model.features:
+        m.register_forward_pre_hook(lambda mod, inputs: seen.append(inputs[0].device.type))
+    model(torch.randn(1, 3, 32, 32))
+    assert seen == ["cpu"] * len(model.features)

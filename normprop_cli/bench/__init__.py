@@ -17,7 +17,8 @@ none's (batchnorm's) in the same round, `_low` and `_high` its distribution-free
 (timing.paired_ratio; empty where that method was not timed).
 
 Steps. For each width and batch size the methods are built side by side and stepped in turn,
-the order rotating every round, so that whatever else slows the machine hits all of them alike.
+in a new seeded order every round, so that whatever else slows the machine hits all of them alike and
+no method always follows the same other one.
 A step is the trainer's (engine.step): forward, cross-entropy, backward, SGD and, for NormProp,
 the unit-norm constraint, on a batch of digits already normalised and on the device. The figure
 is the median of the timed steps after the warm-up ones; `steps=None` times as many rounds (one

@@ -111,9 +111,9 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
 
 def shuffled(methods, round_: int) -> list[str]:
     """`methods` in round `round_`'s order: a seeded permutation, new each round. A rotation would keep each
-    method after the same other one every round, and a heavy step (Online Norm's, 1,200 calls) leaves
-    the caches cold for the step after it: measured, that alone made NormProp (ICML) at width 0.25, batch 1
-    1.24 times BatchNorm against 1.09-1.11 for the two NormProp settings that did not follow it."""
+    method after the same other one every round: with it, NormProp (ICML), always stepped after Online
+    Norm's heavy step, measured 1.24 times BatchNorm at width 0.25, batch 1, against 1.09-1.11 for two
+    NormProp settings of the same cost; in a new order each round all three measured 1.17-1.18."""
     order = list(methods)
     random.Random(round_).shuffle(order)
     return order

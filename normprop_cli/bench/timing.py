@@ -4,11 +4,13 @@ synchronises the device as a step starts and ends; the package (bench/__init__.p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
 import random
 import statistics
+import sys
 import time
 
 import pandas as pd
@@ -109,6 +111,25 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
 
 
+@contextlib.contextmanager
+def _silenced():
+    """Standard output and error sent to /dev/null at the file-descriptor level: the profiler's C++
+    library logs a line as each profile starts and stops, which would bury the bench's own output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
 def shuffled(methods, round_: int) -> list[str]:
     """`methods` in round `round_`'s order: a seeded permutation, new each round. A rotation would keep each
     method after the same other one every round: with it, NormProp (ICML), always stepped after Online
@@ -125,7 +146,7 @@ def ops_per_step(step, x, y, steps: int = 2) -> float:
     which is what a batch-1 step pays for)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step(x, y)
     count = 0

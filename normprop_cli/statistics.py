@@ -24,8 +24,7 @@ def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple[float, fl
     fewer than 2 values there is no interval (NaN)."""
     from scipy import stats
 
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
+    x = _finite(values)
     mean = float(x.mean()) if len(x) else math.nan
     if len(x) < 2:
         return mean, math.nan, math.nan

@@ -72,16 +72,17 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
     for width in widths:
         for bs in batch_sizes:
             for p, opts in runs.items():
-                times, phases, finite = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts, methods)
-                rows += _rows(times, phases, finite, width, bs, p, dev, opts)
+                times, phases, finite, ops = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts,
+                                                        methods)  # fmt: skip
+                rows += _rows(times, phases, finite, ops, width, bs, p, dev, opts)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
                methods=None):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
-    steps only, see StepClock; else empty); {method: (whether every loss of its steps was finite,
-    its operator calls per step, `ops_per_step`)}."""
+    steps only, see StepClock; else empty); {method: whether every loss of its steps was finite};
+    {method: its operator calls per step, `ops_per_step`}."""
     methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
@@ -91,13 +92,11 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     for m, run in runs.items():
         run.clock = clocks[m]
     losses = {m: [] for m in methods}
-    order = shuffled(methods, 0)
     rounds, r = (steps or 5) + warmup, 0
     while r < rounds:
-        for m in order:
+        for m in shuffled(methods, r):  # no method always first, nor always after the same other one
             loss, _ = runs[m](x[r % len(x)], y[r % len(x)])
             losses[m].append(loss)
-        order = shuffled(methods, r)  # no method always first, nor always after the same other one
         r += 1
         if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget, the least kept
             per_round = sum(c.steps[-1] for c in clocks.values()) / 1e3
@@ -105,10 +104,10 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
             rounds = warmup + max(least, min(MOST_STEPS, int(budget_s / max(per_round, 1e-6))))
     finite = {m: bool(torch.isfinite(torch.stack(v)).all()) for m, v in losses.items()}
     phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
-    for m, run in runs.items():
+    for run in runs.values():
         run.clock = None
-        finite[m] = (finite[m], ops_per_step(run, x[0], y[0]))
-    return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite
+    ops = {m: ops_per_step(run, x[0], y[0]) for m, run in runs.items()}
+    return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite, ops
 
 
 @contextlib.contextmanager
@@ -206,7 +205,7 @@ def paired_ratio(steps: list[float], reference: list[float], level: float = 0.95
     return statistics.median(ratios), low, high
 
 
-def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dict]:
+def _rows(times, phases, finite, ops, width, bs, precision, dev, options) -> list[dict]:
     nan3 = (float("nan"),) * 3
     rows = []
     for m, t in times.items():
@@ -214,7 +213,6 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
         phase_ms = {f"{p}_ms_median": statistics.median(phases[m][p]) if phases[m].get(p) else float("nan")
                     for p in PHASES}  # fmt: skip
-        ok, ops = finite[m]
         rows.append({
             "method": m, "batch_size": bs, "width": width, "precision": precision,
             "device": devices.describe(dev),
@@ -223,8 +221,8 @@ def _rows(times, phases, finite, width, bs, precision, dev, options) -> list[dic
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
             **{f"ratio_vs_{ref}{end}": v for ref, (mid, lo, hi) in vs.items()
                for end, v in (("", mid), ("_low", lo), ("_high", hi))},
-            **phase_ms, "ops_per_step": ops,
-            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": ok,
+            **phase_ms, "ops_per_step": ops[m],
+            "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
         })  # fmt: skip
     return rows
 
@@ -245,9 +243,8 @@ def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=None)
         runs[m] = (make_run(c, data, dev), c)
     quiet = QuietProgress(len(methods))  # silent: train_epoch only counts steps on it
     sums = {m: {"epoch_s": 0.0, "train_s": 0.0, "steps_s": 0.0, "eval_s": 0.0} for m in methods}
-    order = list(methods)
     for e in range(epochs + 1):  # epoch 0 warms up
-        for m in order:
+        for m in shuffled(methods, e):
             run, c = runs[m]
             run.step.clock = clock = StepClock(dev)
             t0 = time.perf_counter()
@@ -262,7 +259,6 @@ def epoch_table(data, cfg, dev, epochs: int, options: StepOptions, methods=None)
                 s["train_s"] += t1 - t0
                 s["eval_s"] += t2 - t1
                 s["steps_s"] += sum(clock.steps) / 1e3
-        order = shuffled(methods, e + 1)
     rows = []
     for m, s in sums.items():
         epoch = s["epoch_s"]

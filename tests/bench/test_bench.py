@@ -77,7 +77,7 @@ def test_every_configuration_times_at_least_the_least_steps(monkeypatch):
     monkeypatch.setitem(bench_timing.LEAST_STEPS, 1, 7)  # as many as 100, but fast
     monkeypatch.setattr(bench_timing, "LEAST_OTHERWISE", 4)
     for batch, least in ((1, 7), (2, 4)):
-        times, _, _ = bench_timing.step_times(data, cfg, cpu, 0.0625, batch, None, 1, 1e-9, StepOptions(),
+        times, *_ = bench_timing.step_times(data, cfg, cpu, 0.0625, batch, None, 1, 1e-9, StepOptions(),
                                               ("none", "batchnorm"))  # fmt: skip
         assert {len(t) for t in times.values()} == {least}
 

@@ -208,7 +208,7 @@ class NIN(nn.Module):
         cache = self.__dict__.setdefault("_road_cache", {})
         if key not in cache:
             (h, w), roads = x.shape[-2:], []
-            sizes = zip([h, *(s for _, s in feature_sizes(h))], [w, *(s for _, s in feature_sizes(w))], strict=False)
+            sizes = zip([h, *(s for _, s in feature_sizes(h))], [w, *(s for _, s in feature_sizes(w))], strict=True)
             for m, (hi, wi) in zip(self.features, sizes, strict=False):  # each module's input size
                 if m in self._folded:
                     shape = (x.shape[0], m.weight.shape[1] * getattr(m, "groups", 1), hi, wi)

@@ -1,5 +1,5 @@
 """NormProp's fast path: eq. 11 folded into the weights of each layer, the weight-side work of many
-layers batched into one autograd node (`_FoldAll`), and `fold`, which folds the constants of many
+layers batched into one autograd node (`_FoldAll`), whose `_fold_flat` folds the constants of many
 layers in a few batched operations (NormPropLayer's docstring in layers.py says when this road is
 taken). Layers are duck-typed here, so that this module needs nothing of layers.py.
 
@@ -29,7 +29,7 @@ from torch import Tensor
 
 
 class Folded(NamedTuple):
-    """One layer's eq. 11 folded (NormPropLayer docstring), per filter i."""
+    """Eq. 11 folded (NormPropLayer docstring), per filter i of the layers, end to end."""
 
     scale: Tensor  # s_i = gamma_i / (f c1 ||W_i||), multiplies W_i * x
     bias: Tensor  # (beta_i - c2) / c1
@@ -48,13 +48,6 @@ def _fold_flat(layers: Sequence) -> Folded:
     bias = torch.addcmul(consts[2], torch.cat([m.beta for m in layers]), consts[1])
     radial = scale / (norms * norms)
     return Folded(scale, bias, dscale, radial, consts[1])
-
-
-def fold(layers: Sequence) -> list[Folded]:
-    """`Folded` of each layer (ReLU or classifier), in a few operations for all layers together."""
-    sizes = [m.gamma.numel() for m in layers]
-    parts = (t.split(sizes) for t in _fold_flat(layers))
-    return [Folded(*p) for p in zip(*parts, strict=True)]
 
 
 def fold_layers(layers: Sequence, roads: Sequence[bool]) -> list[tuple[Tensor, Tensor, Tensor, bool]]:

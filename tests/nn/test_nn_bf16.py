@@ -12,7 +12,7 @@ from test_library import fold_node  # tests/nn is on the path (pytest rootdir-re
 from test_nn_fast import randomised
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear
-from normprop_cli.nn.folded import fold
+from normprop_cli.nn.folded import _fold_flat
 from normprop_cli.nn.layers import JACOBIAN_MODES
 
 
@@ -123,11 +123,10 @@ def test_the_fold_stays_float32_under_autocast():
     """s_i and the bias of eq. 11 come from the float32 master weights, as outside autocast."""
     layers = [randomised(NormPropConv2d(3, 5, 3)), randomised(NormPropConv2d(5, 4, 1, activation=None), 1)]
     with torch.autocast("cpu", torch.bfloat16):
-        inside = fold(layers)
-    for share, outside in zip(inside, fold(layers), strict=True):
-        for a, b in zip(share, outside, strict=True):
-            assert a.dtype == torch.float32
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        inside = _fold_flat(layers)
+    for a, b in zip(inside, _fold_flat(layers), strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_float16_autocast_takes_the_plain_form():

@@ -1,4 +1,4 @@
-"""The fast path of NormProp layers (one autograd function, eq. 11 folded, `fold` over many layers)
+"""The fast path of NormProp layers (eq. 11 folded, the weight-side work of many layers in one autograd node)
 computes the reference eq. 11 (`reference_forward`), forward and gradients, to float tolerance."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear, reference_forward
-from normprop_cli.nn.folded import fold
+from normprop_cli.nn.folded import _fold_flat
 
 
 def randomised(layer, seed=0):
@@ -109,11 +109,10 @@ def test_fold_of_many_layers_equals_fold_of_each():
         randomised(NormPropConv2d(3, 5, 3)),
         randomised(NormPropConv2d(5, 4, 1, activation=None), 1),
     ]
-    together = fold(layers)
-    for layer, share in zip(layers, together, strict=True):
-        alone = fold([layer])[0]
-        for a, b in zip(share, alone, strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    together = _fold_flat(layers)  # each field: the layers' vectors end to end
+    alone = [_fold_flat([layer]) for layer in layers]
+    for field, parts in zip(together, zip(*alone, strict=True), strict=True):
+        torch.testing.assert_close(field, torch.cat(parts), rtol=0, atol=0)
 
 
 def test_inference_mode_and_eval_give_the_training_forward():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import sys
 from pathlib import Path
 
 import torch
@@ -41,10 +43,36 @@ def prepare(device: torch.device) -> None:
     if device.type == "cpu":
         # Denormal floats can make a CPU step many times slower; flush them to zero.
         torch.set_flush_denormal(True)
+        keep_freed_memory()
     else:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+# glibc's malloc gives blocks of over 128 KiB back to the kernel when they are freed (mmap, then munmap;
+# the top of the heap trimmed past 128 KiB free), so a CPU step's activations and gradients come back
+# as fresh pages that the kernel must fault in and zero, every step. Measured on 2 cores, one thread,
+# a NIN step at width 0.25, batch 50: NormProp 133 ms and 10,000 page faults a step, 117 ms and none
+# with the settings below. They keep up to 64 MiB of freed memory in the process: blocks up to
+# 32 MiB come from the heap (a fixed threshold, which also stops glibc from moving it), the heap is
+# trimmed only past 64 MiB free, and it grows 16 MiB at a time. (mallopt's parameter numbers.)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+MALLOC_SETTINGS = {M_TRIM_THRESHOLD: 64 << 20, M_TOP_PAD: 16 << 20, M_MMAP_THRESHOLD: 32 << 20}
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory for reuse (MALLOC_SETTINGS); False where the C library
+    is not glibc (no mallopt) or refuses a setting."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.items())
 
 
 # /proc/cpuinfo flags of CPUs with bfloat16 arithmetic: AMX tiles (Intel Sapphire Rapids on)

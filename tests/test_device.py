@@ -1,0 +1,42 @@
+"""Per-process CPU settings (normprop_cli.device.prepare)."""
+
+import subprocess
+import sys
+
+import pytest
+
+# Five NIN training steps (NormProp, width 0.25, batch 16, one thread) in a fresh process, after three
+# to warm up. With glibc's defaults each step's activations and gradients are fresh pages: 17,000 to
+# 23,000 page faults measured here. With prepare's settings the freed blocks are reused: 1 to 1,000.
+STEPS = """
+import resource, sys, torch
+from normprop_cli import device
+from normprop_cli.nn import NIN
+torch.set_num_threads(1)
+device.prepare(torch.device("cpu"))
+if not device.keep_freed_memory():
+    sys.exit(3)
+torch.manual_seed(0)
+model = NIN(norm="normprop", width=0.25, num_classes=10, in_channels=3)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+def step():
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+for _ in range(3):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_a_training_steps_freed_memory_is_reused_not_faulted_in_again():
+    done = subprocess.run([sys.executable, "-c", STEPS], capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        pytest.skip("the C library is not glibc")
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 5_000

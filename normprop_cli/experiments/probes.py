@@ -212,12 +212,17 @@ class PopulationProbe:
     avg_deviation, per unit max(|mean|, |std - 1|), averaged over units; and avg_shift, per unit
     max(|mean_e - mean_(e-1)|, |std_e - std_(e-1)|) from the previous epoch, averaged over units (NaN at
     epoch 0). The epoch-0 and the previous epoch's means and stds are the observer's state, kept in the
-    run's checkpoint."""
+    run's checkpoint.
+
+    `every` > 1 observes at epoch 0, every `every`-th epoch and the last (`last`) only, where a run
+    needs no more (normalizers: the drift at the last epoch); avg_shift is then NaN, there being no
+    previous epoch to compare with."""
 
     name = "population"
 
-    def __init__(self, first_layer: int = FIRST_LAYER):
+    def __init__(self, first_layer: int = FIRST_LAYER, every: int = 1, last: int | None = None):
         self.first_layer = first_layer
+        self.every, self.last = max(1, int(every)), last
         self.initial: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> epoch-0 (mean, std), [C, H, W]
         self.previous: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> the last observed (mean, std)
 
@@ -231,6 +236,8 @@ class PopulationProbe:
         self.previous = unpack(state.get("previous", {}))
 
     def observe(self, model: nn.Module, batches: Batches, epoch: int) -> list[dict]:
+        if epoch and epoch % self.every and epoch != self.last:
+            return []
         acc: dict[int, UnitMoments] = {}
         masks: dict[int, Tensor] = {}
 
@@ -254,7 +261,7 @@ class PopulationProbe:
 
     def _summary(self, layer: int, mean: Tensor, std: Tensor, mask: Tensor) -> dict:
         shift = float("nan")
-        if layer in self.previous:
+        if layer in self.previous and self.every == 1:
             mean1, std1 = (t[:, mask] for t in self.previous[layer])
             shift = torch.maximum((mean[:, mask] - mean1).abs(), (std[:, mask] - std1).abs()).mean().item()
         mean, std = mean[:, mask], std[:, mask]  # [C, input-dependent positions]

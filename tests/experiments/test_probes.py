@@ -99,6 +99,24 @@ def test_population_metric_matches_a_hand_computation(norm):
     assert all(r["avg_drift"] > 0.0 for r in later)
 
 
+def test_a_sparser_population_schedule_observes_epoch_0_every_kth_and_the_last_with_the_same_drift():
+    model = tiny("normprop")
+    _, batches = images()
+    every, sparse = PopulationProbe(), PopulationProbe(every=3, last=4)
+    seen = []
+    for epoch in range(5):
+        if epoch:
+            perturb_(model)
+        full = every.observe(model, batches, epoch)
+        rows = sparse.observe(model, batches, epoch)
+        if rows:
+            seen.append(epoch)
+            for a, b in zip(full, rows, strict=True):  # the same numbers, drift from epoch 0 included
+                assert {**a, "avg_shift": None} == {**b, "avg_shift": None}
+                assert b["avg_shift"] != b["avg_shift"]  # its previous observation is not the previous epoch: NaN
+    assert seen == [0, 3, 4]
+
+
 def test_population_counts_only_the_input_dependent_units():
     model = tiny("normprop")
     rows = {r["layer"]: r for r in PopulationProbe().observe(model, images()[1], epoch=1)}

@@ -17,7 +17,8 @@ summary.csv      one row per run: engine columns + normalizer, batch_size, initi
                  train_mode_acc, eval_mode_acc (batch-statistics methods at batch 1, final epoch);
                  `learned` is True where the run learned in a mode it is scored in (either mode at
                  batch 1 for batch-statistics methods, experiments.tables.learned_in_a_mode)
-population.csv   every run's population metric per layer and epoch (probes.PopulationProbe)
+population.csv   every run's population metric per layer at epoch 0, every `experiment.population_every`-th
+                 epoch and the last (probes.PopulationProbe)
 mode_gap.csv     batch-statistics methods at batch 1: test accuracy in both modes, every
                  `experiment.mode_gap_every`-th epoch and the last
 normalizers.csv  per batch size and method, over the runs that did not diverge (counted in `diverged`):
@@ -97,9 +98,11 @@ class ModeGap:
 
 
 def observers(spec):
-    found = [PopulationProbe()]
+    every = lambda key: int(spec.cfg.experiment.get(key) or 1)  # noqa: E731
+    last = int(spec.cfg.train.epochs)
+    found = [PopulationProbe(every=every("population_every"), last=last)]
     if METHODS[spec.cfg.method].batch_statistics and int(spec.cfg.train.batch_size) == 1:
-        found.append(ModeGap(int(spec.cfg.experiment.get("mode_gap_every") or 1), int(spec.cfg.train.epochs)))
+        found.append(ModeGap(every("mode_gap_every"), last))
     return found
 
 

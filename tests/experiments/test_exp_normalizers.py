@@ -64,12 +64,13 @@ def test_the_report_ranks_and_names_who_beats_normprop(sweep):
 def test_method_grid_builds_every_method_from_the_registry():
     cfg = grid.load("normalizers", preset="quick")
     ids = [e.id for e in cfg.grid]
-    assert len(ids) == len(METHODS) * 3 and len(set(ids)) == len(ids)
+    assert len(ids) == len(METHODS) * 2 and len(set(ids)) == len(ids)  # batch 1 and 10
     by_id = {e.id: e.set for e in cfg.grid}
     assert by_id["normprop-arxiv-b10"]["model.jacobian"] == "init"
     assert by_id["weightnorm-b1"]["model.data_init"] is True
-    assert by_id["none-b50"]["train.lr"] == pytest.approx(0.05 * 0.1)  # lr_scale
-    assert by_id["groupnorm-b50"]["train.lr"] == pytest.approx(0.05)
+    assert by_id["none-b10"]["train.lr"] == pytest.approx(0.015 * 0.25)  # lr_scale
+    assert by_id["groupnorm-b10"]["train.lr"] == pytest.approx(0.015)
+    assert (by_id["groupnorm-b1"]["train.epochs"], by_id["groupnorm-b10"]["train.epochs"]) == (2, 4)  # per size
     with pytest.raises(UserError, match="experiment.methods: nope not known"):
         grid.load("normalizers", overrides=["experiment.methods=[nope]"])
     with pytest.raises(UserError, match="one per batch size"):

@@ -216,3 +216,23 @@ def test_a_smoke_sweep_inside_a_real_tree_gives_none_of_its_verdicts():
     # a report of smoke results alone keeps them
     smoke_tree = report.Tree(root, synthetic)
     assert smoke.leave_out([smoke_tree], root) == ([smoke_tree], [])
+
+
+def test_a_grid_with_epochs_per_batch_size_is_described_setting_by_setting_and_its_sweep_left_out(tmp_path):
+    from normprop_cli import io
+    from normprop_cli.verdicts.departures import departures
+    from normprop_cli.verdicts.sources import budget, provenance
+
+    runs = {"a-b1-s0": (0, 2, 1), "a-b1-s1": (1, 2, 1), "a-b10-s0": (0, 4, 2), "sweep-a-b1-lr0.1-s100": (100, 1, 1)}
+    for name, (seed, epochs, halve) in runs.items():
+        run = tmp_path / "runs" / name
+        io.write_json(run / "manifest.json", {"preset": "quick", "device": "cpu", "dataset": "digits", "seed": seed})
+        io.write_text(run / "config.yaml", f"dataset: {{name: digits}}\nmodel: {{width: 0.25}}\n"
+                      f"train: {{epochs: {epochs}, lr_halve_every: {halve}}}\n")  # fmt: skip
+    prov = provenance(tmp_path)
+    assert prov["runs"] == 4 and prov["seeds"] == 2 and prov["schedules"] == [(2, 1), (4, 2)]  # the sweep's seed aside
+    text = departures("normalizers", prov)
+    assert "Epochs per setting: 2 (the rate halved every 1) or 4 (the rate halved every 2); the paper's protocol " \
+           "has 50 (halved every 10)." in text  # fmt: skip
+    assert not any(t.startswith("Epochs: ") or t.startswith("The learning rate is halved") for t in text)
+    assert budget(prov).startswith("digits, quick, 2 and 4 epochs, 2 seeds, width 0.25")

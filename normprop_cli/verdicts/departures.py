@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from normprop_cli.engine.runs import CONFIG
-from normprop_cli.verdicts.sources import paper_datasets, paper_protocol
+from normprop_cli.verdicts.sources import epochs_text, paper_datasets, paper_protocol
 
 INPUTS = {  # how a data set's images enter the NIN, where that is not the paper's 3x32x32
     "fashion-mnist": "Input: Fashion-MNIST's 28x28 grey images, zero-padded by 2 pixels to 32x32 (the background "
@@ -44,12 +44,21 @@ def found(experiment: str, prov: dict, directory: Path | None = None) -> list[tu
             f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
             "comparable with the paper's, only the trends are.",
         ))  # fmt: skip
-    if cfg.train.epochs != paper.train.epochs:
-        out.append((f"{cfg.train.epochs} of the paper's {paper.train.epochs} epochs",
-                    f"Epochs: {cfg.train.epochs} per run, the paper's protocol has {paper.train.epochs}."))  # fmt: skip
-    if cfg.train.lr_halve_every != paper.train.lr_halve_every:
-        out.append(("", f"The learning rate is halved every {cfg.train.lr_halve_every} epochs, the paper's protocol "
-                        f"every {paper.train.lr_halve_every}."))  # fmt: skip
+    schedules = prov.get("schedules") or [(int(cfg.train.epochs), int(cfg.train.lr_halve_every))]
+    if len(schedules) > 1:  # set per batch size by the grid
+        each = [f"{e} (the rate halved every {h})" for e, h in schedules]
+        each = ", ".join(each[:-1]) + f" or {each[-1]}"
+        out.append((f"{epochs_text(prov)} of the paper's {paper.train.epochs} epochs",
+                    f"Epochs per setting: {each}; the paper's protocol has {paper.train.epochs} (halved every "
+                    f"{paper.train.lr_halve_every})."))  # fmt: skip
+    else:
+        ((epochs, halve_every),) = schedules
+        if epochs != paper.train.epochs:
+            out.append((f"{epochs} of the paper's {paper.train.epochs} epochs",
+                        f"Epochs: {epochs} per run, the paper's protocol has {paper.train.epochs}."))  # fmt: skip
+        if halve_every != paper.train.lr_halve_every:
+            out.append(("", f"The learning rate is halved every {halve_every} epochs, the paper's protocol "
+                            f"every {paper.train.lr_halve_every}."))  # fmt: skip
     if cfg.model.width != 1.0:
         out.append((f"width {float(cfg.model.width):g}",
                      f"Width: the NIN's hidden widths are scaled by {cfg.model.width} (the paper: 1.0)."))  # fmt: skip

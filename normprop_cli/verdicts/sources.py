@@ -22,20 +22,30 @@ def result_dirs(results: Path, experiment: str) -> list[Path]:
 
 
 def provenance(directory: Path) -> dict:
-    """Preset, device, data set and the resolved config of one of the sweep's runs."""
+    """Preset, device, data set, the resolved config of one of the reported runs, their seeds, and
+    their schedules: each distinct (epochs, lr_halve_every), where a grid sets them per batch size.
+    A learning-rate sweep's runs (sweep-*) are counted in `runs` alone."""
     runs = sorted((directory / "runs").glob("*/manifest.json"))
     if not runs:
         return {}
-    manifests = [read_manifest(r.parent) or {} for r in runs]
-    cfg = OmegaConf.load(runs[0].parent / CONFIG)
+    reported = [r for r in runs if not r.parent.name.startswith("sweep-")] or runs
+    manifests = [read_manifest(r.parent) or {} for r in reported]
+    configs = [OmegaConf.load(r.parent / CONFIG) for r in reported]
     return {
         "preset": manifests[0].get("preset", "?"),
         "device": ", ".join(sorted({m.get("device", "?") for m in manifests})),
         "runs": len(runs),
         "dataset": manifests[0].get("dataset", directory.name),
-        "cfg": cfg,
+        "cfg": configs[0],
         "seeds": len({m.get("seed") for m in manifests}),
+        "schedules": sorted({(int(c.train.epochs), int(c.train.lr_halve_every)) for c in configs}),
     }
+
+
+def epochs_text(prov: dict) -> str:
+    """The reported runs' epochs: "8", or "2, 4 and 8" where the grid sets them per setting."""
+    epochs = sorted({e for e, _ in prov.get("schedules") or [(int(prov["cfg"].train.epochs), 0)]})
+    return str(epochs[0]) if len(epochs) == 1 else ", ".join(map(str, epochs[:-1])) + f" and {epochs[-1]}"
 
 
 @cache
@@ -57,7 +67,7 @@ def budget(prov: dict) -> str:
     """Data set, preset, epochs, seeds, width, device."""
     cfg = prov["cfg"]
     return (
-        f"{prov['dataset']}, {prov['preset']}, {cfg.train.epochs} epochs, {plural(prov['seeds'], 'seed')}, "
+        f"{prov['dataset']}, {prov['preset']}, {epochs_text(prov)} epochs, {plural(prov['seeds'], 'seed')}, "
         f"width {float(cfg.model.width):g}, {prov['device']}"
     )
 

@@ -56,8 +56,8 @@ def prepare(device: torch.device) -> None:
 # a NIN step at width 0.25, batch 50: NormProp 133 ms and 10,000 page faults a step, 117 ms and none
 # with the settings below. They keep up to 64 MiB of freed memory in the process: blocks up to
 # 32 MiB come from the heap (a fixed threshold, which also stops glibc from moving it), the heap is
-# trimmed only past 64 MiB free, and it grows 16 MiB at a time. (mallopt's parameter numbers.)
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+# trimmed only past 64 MiB free, and it grows 16 MiB at a time.
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameter numbers (malloc.h)
 MALLOC_SETTINGS = {M_TRIM_THRESHOLD: 64 << 20, M_TOP_PAD: 16 << 20, M_MMAP_THRESHOLD: 32 << 20}
 
 

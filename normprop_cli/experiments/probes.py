@@ -201,6 +201,12 @@ class UnitProbe:
         return rows
 
 
+def due(epoch: int, every: int, last: int | None) -> bool:
+    """Is `epoch` one that an observer taken every `every` epochs and at the last (`last`) observes?
+    Epoch 0 (before training) is."""
+    return epoch % every == 0 or epoch == last
+
+
 class PopulationProbe:
     """The population metric: every input-dependent unit (c, h, w) of the input of conv k >= first_layer, its mean
     and std over the evaluation set, summarised per layer and epoch (POPULATION_COLUMNS): the
@@ -236,7 +242,7 @@ class PopulationProbe:
         self.previous = unpack(state.get("previous", {}))
 
     def observe(self, model: nn.Module, batches: Batches, epoch: int) -> list[dict]:
-        if epoch and epoch % self.every and epoch != self.last:
+        if not due(epoch, self.every, self.last):
             return []
         acc: dict[int, UnitMoments] = {}
         masks: dict[int, Tensor] = {}

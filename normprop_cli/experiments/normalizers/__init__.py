@@ -57,7 +57,7 @@ from normprop_cli.experiments.normalizers.tables import (
     table,
     welch,
 )
-from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe
+from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe, due
 from normprop_cli.nn.methods import METHODS
 
 __all__ = ["KEYS", "TABLE", "ModeGap", "best_val_test_acc", "comparisons", "final_drift", "headlines",
@@ -78,7 +78,7 @@ class ModeGap:
         self.every, self.last = max(1, int(every)), last
 
     def observe(self, model: torch.nn.Module, batches, epoch: int) -> list[dict]:
-        if epoch == 0 or (epoch % self.every and epoch != self.last):
+        if epoch == 0 or not due(epoch, self.every, self.last):
             return []
         probe = copy.deepcopy(model)
         norms = [m for m in probe.modules() if isinstance(m, BATCH_NORMS)]

@@ -44,7 +44,7 @@ def found(experiment: str, prov: dict, directory: Path | None = None) -> list[tu
             f"Data set: {dataset}, not the paper's {' / '.join(paper_sets)}; the numbers are not "
             "comparable with the paper's, only the trends are.",
         ))  # fmt: skip
-    schedules = prov.get("schedules") or [(int(cfg.train.epochs), int(cfg.train.lr_halve_every))]
+    schedules = prov["schedules"]
     if len(schedules) > 1:  # set per batch size by the grid
         each = [f"{e} (the rate halved every {h})" for e, h in schedules]
         each = ", ".join(each[:-1]) + f" or {each[-1]}"

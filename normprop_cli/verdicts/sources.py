@@ -44,7 +44,7 @@ def provenance(directory: Path) -> dict:
 
 def epochs_text(prov: dict) -> str:
     """The reported runs' epochs: "8", or "2, 4 and 8" where the grid sets them per setting."""
-    epochs = sorted({e for e, _ in prov.get("schedules") or [(int(prov["cfg"].train.epochs), 0)]})
+    epochs = sorted({e for e, _ in prov["schedules"]})
     return str(epochs[0]) if len(epochs) == 1 else ", ".join(map(str, epochs[:-1])) + f" and {epochs[-1]}"
 
 

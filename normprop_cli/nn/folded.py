@@ -90,7 +90,7 @@ class _FoldAll(torch.autograd.Function):
     def backward(ctx, *grads):
         n, roads, sizes = len(ctx.sizes), ctx.roads, ctx.sizes
         *weights, scale, dscale, radial, inv_c1 = ctx.saved_tensors
-        gu = [g if g is not None else torch.zeros_like(w) for g, w in zip(grads[:n], weights, strict=True)]
+        gu = [_writable(g, w) for g, w in zip(grads[:n], weights, strict=True)]  # written in place below
         on_w = [i for i in range(n) if not roads[i]]
         ds = [grads[n + i] for i in range(n)]  # the output road's dL/ds_i; the weights road's below
         products = _foreach_mul([gu[i] for i in on_w], [weights[i] for i in on_w])
@@ -103,6 +103,18 @@ class _FoldAll(torch.autograd.Function):
             torch._foreach_mul_([gu[i] for i in on_w], [scales[i] for i in on_w])
         torch._foreach_addcmul_(gu, weights, _per_filter(radial * ds, sizes, weights), value=-1.0)
         return None, None, *gu, *(dscale * ds).split(sizes), *(db * inv_c1).split(sizes)
+
+
+def _writable(g: Tensor | None, w: Tensor) -> Tensor:
+    """dL/du_i for the backward to write in place: g itself where it is contiguous (the NIN's: its
+    convolutions' fresh weight gradients, which nothing else holds), else a copy in w's layout, since
+    autograd may hand a backward gradients of any strides (an expanded one, where u_i was summed);
+    zeros where u_i got no gradient."""
+    if g is None:
+        return torch.zeros_like(w)
+    if g.is_contiguous() or (g.ndim == 4 and g.is_contiguous(memory_format=torch.channels_last)):
+        return g
+    return torch.empty_like(w).copy_(g)
 
 
 def _per_filter(v: Tensor, sizes: list[int], weights: Sequence[Tensor]) -> list[Tensor]:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normprop_cli.nn import NIN, NormPropConv2d, NormPropLayer, NormPropLinear, reference_forward
-from normprop_cli.nn.folded import _fold_flat
+from normprop_cli.nn.folded import _fold_flat, fold_layers
 
 
 def randomised(layer, seed=0):
@@ -204,3 +204,30 @@ def test_choosing_the_roads_calls_no_module_so_hooks_see_only_real_inputs():
         m.register_forward_pre_hook(lambda mod, inputs: seen.append(inputs[0].device.type))
     model(torch.randn(1, 3, 32, 32))
     assert seen == ["cpu"] * len(model.features)
+
+
+@pytest.mark.parametrize("on_output", [False, True])
+def test_fold_backward_takes_gradients_of_any_strides(on_output):
+    """Autograd may hand a backward its gradients with any strides: the fold's backward, which writes a
+    contiguous dL/du_i in place, gives for an expanded gradient and a transposed one what it gives for the
+    same numbers stored contiguously, and writes into neither."""
+    layers = [randomised(NormPropConv2d(3, 5, 3)).double(), randomised(NormPropConv2d(5, 4, 1), 1).double()]
+    params = [p for m in layers for p in (m.weight, m.gamma, m.beta)]
+    gen = torch.Generator().manual_seed(5)
+    dense = torch.randn(4, 5, 1, 1, dtype=torch.float64, generator=gen)
+    strided = dense.view(4, 5).t().contiguous().t().view(4, 5, 1, 1)  # the same numbers, column-major
+    expanded = torch.full((), 0.7, dtype=torch.float64).expand(5, 3, 3, 3)
+    assert not strided.is_contiguous() and not expanded.is_contiguous()
+    rest = [torch.randn(k, dtype=torch.float64, generator=gen) for k in (5, 4, 5, 4)]
+
+    def gradients(*upstream):
+        (u1, s1, b1, _), (u2, s2, b2, _) = fold_layers(layers, [on_output, on_output])
+        return torch.autograd.grad([u1, u2, s1, s2, b1, b2], params, [*upstream, *rest])
+
+    expected = gradients(expanded.contiguous(), dense.clone())
+    kept = [strided.clone(), expanded.clone()]
+    got = gradients(expanded, strided)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip((strided, expanded), kept, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -43,7 +43,10 @@ No normalisation trains at lr 0.0001, as in section 5.2 (larger rates diverge); 
 rate does not change the work of a step. `finite` is per method: whether all its losses were.
 `ops_per_step` is the operator calls of a method's step (torch.profiler, two untimed steps after the
 timed ones; the ATen calls made from Python or autograd, not those inside an operator): at batch 1 a
-step's time is mostly a fixed cost per call.
+step's time is mostly a fixed cost per call. `gflop_per_step` is the convolutions' floating-point
+operations of one step, forward and backward (torch.utils.flop_counter; the same for every method of a
+configuration, since the normalisations' own work is not counted), and `gflops` those over the median step
+time: how near the step runs to the hardware's peak (a core's float32 peak: FMA units x float32 lanes x 2 x clock).
 """
 
 from __future__ import annotations

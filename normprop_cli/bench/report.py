@@ -16,11 +16,11 @@ def show(table: pd.DataFrame) -> None:
     first = table.iloc[0]
     t = _table(f"NIN training step, ms (median of the timed steps), {first['device']}, {first['options']}",
                "width", "batch", "precision", "method", "steps", "median ms", "p10-p90", "/ none [95% CI]",
-               "/ BN [95% CI]")  # fmt: skip
+               "/ BN [95% CI]", "conv GFLOP/s")  # fmt: skip
     for r in table.itertuples():
         t.add_row(f"{r.width:g}", str(r.batch_size), r.precision, r.method, str(r.steps),
                   f"{r.step_ms_median:.2f}", f"{r.step_ms_p10:.1f}-{r.step_ms_p90:.1f}",
-                  ratio(r, "none"), ratio(r, "batchnorm"))  # fmt: skip
+                  ratio(r, "none"), ratio(r, "batchnorm"), f"{r.gflops:.1f}")  # fmt: skip
     console.print(t)
     phase_cols = [f"{p}_ms_median" for p in PHASES]
     if table[phase_cols].notna().all(axis=None):

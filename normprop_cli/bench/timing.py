@@ -25,7 +25,8 @@ from normprop_cli.nn.methods import METHODS, settings
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_none_low", "ratio_vs_none_high",
            "ratio_vs_batchnorm", "ratio_vs_batchnorm_low", "ratio_vs_batchnorm_high",
-           *(f"{p}_ms_median" for p in PHASES), "ops_per_step", "flush_denormal", "load_average", "finite"]  # fmt: skip
+           *(f"{p}_ms_median" for p in PHASES), "ops_per_step", "gflop_per_step", "gflops",
+           "flush_denormal", "load_average", "finite"]  # fmt: skip
 LEAST_STEPS = {1: 100}  # timed steps per method at least, by batch size; 30 at the others
 LEAST_OTHERWISE = 30
 MOST_STEPS = 400
@@ -72,9 +73,9 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
     for width in widths:
         for bs in batch_sizes:
             for p, opts in runs.items():
-                times, phases, finite, ops = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s, opts,
-                                                        methods)  # fmt: skip
-                rows += _rows(times, phases, finite, ops, width, bs, p, dev, opts)
+                times, phases, finite, counts = step_times(data, cfg, dev, width, bs, steps, warmup, budget_s,
+                                                           opts, methods)  # fmt: skip
+                rows += _rows(times, phases, finite, counts, width, bs, p, dev, opts)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -82,7 +83,7 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
                methods=None):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
     steps only, see StepClock; else empty); {method: whether every loss of its steps was finite};
-    {method: its operator calls per step, `ops_per_step`}."""
+    {method: (its operator calls per step, `ops_per_step`; its GFLOP per step, `gflop_per_step`)}."""
     methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
@@ -106,8 +107,8 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
     for run in runs.values():
         run.clock = None
-    ops = {m: ops_per_step(run, x[0], y[0]) for m, run in runs.items()}
-    return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite, ops
+    counts = {m: (ops_per_step(run, x[0], y[0]), gflop_per_step(run, x[0], y[0])) for m, run in runs.items()}
+    return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite, counts
 
 
 @contextlib.contextmanager
@@ -158,6 +159,18 @@ def ops_per_step(step, x, y, steps: int = 2) -> float:
     return count / steps
 
 
+def gflop_per_step(step, x, y) -> float:
+    """The floating-point operations of one untimed step, in GFLOP, as torch.utils.flop_counter counts
+    them: the convolutions' and matrix products' multiply-adds (two each), forward and backward, and
+    nothing else (no normalisation, activation, loss or optimizer work). They depend on the NIN's shapes
+    alone, not on its normalisation; over a step's time they say how near it runs to the hardware's peak."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step(x, y)
+    return counter.get_total_flops() / 1e9
+
+
 def failing_methods(data, cfg, dev, options: StepOptions, methods=None, width: float = 0.25,
                     batch_size: int = 8) -> dict[str, str]:  # fmt: skip
     """{method: its error, one line} for each method whose step fails under `options` (e.g. cannot
@@ -205,7 +218,7 @@ def paired_ratio(steps: list[float], reference: list[float], level: float = 0.95
     return statistics.median(ratios), low, high
 
 
-def _rows(times, phases, finite, ops, width, bs, precision, dev, options) -> list[dict]:
+def _rows(times, phases, finite, counts, width, bs, precision, dev, options) -> list[dict]:
     nan3 = (float("nan"),) * 3
     rows = []
     for m, t in times.items():
@@ -221,7 +234,8 @@ def _rows(times, phases, finite, ops, width, bs, precision, dev, options) -> lis
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
             **{f"ratio_vs_{ref}{end}": v for ref, (mid, lo, hi) in vs.items()
                for end, v in (("", mid), ("_low", lo), ("_high", hi))},
-            **phase_ms, "ops_per_step": ops[m],
+            **phase_ms, "ops_per_step": counts[m][0], "gflop_per_step": counts[m][1],
+            "gflops": counts[m][1] / (statistics.median(t) / 1e3),
             "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],
         })  # fmt: skip
     return rows

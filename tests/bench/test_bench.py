@@ -65,6 +65,39 @@ def test_a_paired_ratio_is_the_median_of_the_rounds_with_its_binomial_interval()
     assert paired_ratio(drift, [d / 2 for d in drift]) == (2.0, 2.0, 2.0)
 
 
+def conv_flops(model, x) -> float:
+    """A NIN step's convolution FLOPs written out: 2 per multiply-add, forward, the weight gradient and
+    the input gradient of every conv but the first (the images need no gradient)."""
+    macs = []
+    hooks = [m.register_forward_hook(lambda m, i, o: macs.append(o.numel() * m.weight[0].numel()))
+             for m in model.modules() if isinstance(m, torch.nn.Conv2d)]  # fmt: skip
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return 2 * (3 * sum(macs) - macs[0])
+
+
+def test_flops_are_the_convolutions_whatever_the_normalisation(bench):
+    """gflop_per_step is the same for every method of a configuration, the NIN's conv arithmetic written
+    out, and gflops is it over the median step time."""
+    from normprop_cli import config
+    from normprop_cli.bench.timing import _batches
+
+    table, _ = bench
+    cpu = torch.device("cpu")
+    cfg = config.load("table1", preset="smoke")
+    cfg.model.width = 0.0625
+    data = bench_data(cfg, cpu)
+    model = build_step(cfg, data, cpu, "none", StepOptions()).model
+    for (batch, precision), group in table.groupby(["batch_size", "precision"]):
+        x = _batches(data, cfg, cpu, int(batch), count=1)[0][0]
+        expected = conv_flops(model, x) / 1e9
+        assert group["gflop_per_step"].tolist() == pytest.approx([expected] * len(TIMED), rel=1e-12), precision
+        rate = group["gflop_per_step"] / (group["step_ms_median"] / 1e3)
+        assert group["gflops"].tolist() == pytest.approx(rate.tolist())
+
+
 def test_every_configuration_times_at_least_the_least_steps(monkeypatch):
     """Whatever the budget and the number of methods: 100 timed steps at batch 1, 30 otherwise."""
     from normprop_cli import config

@@ -105,25 +105,44 @@ def bf16_supported(device: torch.device) -> tuple[bool, str]:
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str] | None:
-    """The first processor's flags in /proc/cpuinfo (Linux), or None."""
+def _cpu_info() -> dict[str, str] | None:
+    """The first processor's fields in /proc/cpuinfo (Linux: "model name", "cpu family", "flags", ...), or None."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
+    info = {}
     for line in text.splitlines():
+        if not line.strip():
+            if info:
+                break  # the first processor's block ends
+            continue
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def _cpu_flags() -> frozenset[str] | None:
+    """The first processor's flags in /proc/cpuinfo (Linux), or None."""
+    info = _cpu_info()
+    return None if info is None else frozenset(info.get("flags", "").split())
 
 
 def describe(device: torch.device) -> str:
+    """The device in a few words, for manifests and benches. A CPU's: its model, its family and model
+    numbers (a virtual machine's model name may be only "AMD EPYC": family 23 model 49 is a Zen 2, 25 a
+    Zen 3 or 4), the vector instructions torch's kernels use here (`get_cpu_capability`) and the threads.
+    The CPU matters to the numbers: the same float32 training rounds differently on AVX2 and AVX-512."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     import platform
 
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    info = _cpu_info() or {}
+    parts = [info.get("model name") or platform.processor() or platform.machine()]
+    if "cpu family" in info and "model" in info:
+        parts.append(f"family {info['cpu family']} model {info['model']}")
+    parts += [torch.backends.cpu.get_cpu_capability(), f"{torch.get_num_threads()} threads"]
+    return f"cpu ({', '.join(parts)})"
 
 
 def synchronize(device: torch.device) -> None:

@@ -40,3 +40,26 @@ def test_a_training_steps_freed_memory_is_reused_not_faulted_in_again():
         pytest.skip("the C library is not glibc")
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) < 5_000
+
+
+def test_a_cpu_is_described_by_its_model_family_and_vector_instructions(monkeypatch):
+    """Training rounds differently on AVX2 and AVX-512, so a run's manifest and a bench name the CPU by
+    what tells the generations apart, even where a virtual machine calls every one "AMD EPYC"."""
+    import torch
+
+    from normprop_cli import device
+
+    cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 23\nmodel\t\t: 49\nflags\t\t: fpu avx2\n\n"
+    cpuinfo += "processor\t: 1\nmodel name\t: other\ncpu family\t: 25\nmodel\t\t: 17\nflags\t\t: avx512_bf16\n"
+    monkeypatch.setattr(device.Path, "read_text", lambda self: cpuinfo)
+    device._cpu_info.cache_clear()
+    try:
+        text = device.describe(torch.device("cpu"))
+        assert text.startswith("cpu (AMD EPYC, family 23 model 49, ")  # the first processor's
+        assert f", {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)" in text
+        assert device._cpu_flags() == frozenset({"fpu", "avx2"})
+        monkeypatch.setattr(device.Path, "read_text", lambda self: (_ for _ in ()).throw(OSError("no file")))
+        device._cpu_info.cache_clear()
+        assert "family" not in device.describe(torch.device("cpu")) and device._cpu_flags() is None
+    finally:
+        device._cpu_info.cache_clear()

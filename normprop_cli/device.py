@@ -141,7 +141,8 @@ def describe(device: torch.device) -> str:
     parts = [info.get("model name") or platform.processor() or platform.machine()]
     if "cpu family" in info and "model" in info:
         parts.append(f"family {info['cpu family']} model {info['model']}")
-    parts += [torch.backends.cpu.get_cpu_capability(), f"{torch.get_num_threads()} threads"]
+    threads = torch.get_num_threads()
+    parts += [torch.backends.cpu.get_cpu_capability(), f"{threads} thread{'s' if threads != 1 else ''}"]
     return f"cpu ({', '.join(parts)})"
 
 

@@ -15,6 +15,7 @@ import time
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from normprop_cli import device as devices
@@ -160,14 +161,26 @@ def ops_per_step(step, x, y, steps: int = 2) -> float:
 
 
 def gflop_per_step(step, x, y) -> float:
-    """The floating-point operations of one untimed step, in GFLOP, as torch.utils.flop_counter counts
-    them: the convolutions' and matrix products' multiply-adds (two each), forward and backward, and
-    nothing else (no normalisation, activation, loss or optimizer work). They depend on the NIN's shapes
-    alone, not on its normalisation; over a step's time they say how near it runs to the hardware's peak."""
+    """The floating-point operations of a step's model, forward and backward on one batch, in GFLOP, as
+    torch.utils.flop_counter counts them: the convolutions' and matrix products' multiply-adds (two each),
+    and nothing else (no normalisation, activation, loss or optimizer work). They depend on the NIN's
+    shapes alone, not on its normalisation; over a step's time they say how near it runs to the hardware's
+    peak. Counted on the eager model (a compiled or CUDA-graphed step runs no operator the counter sees),
+    with no SGD step, and the parameters' gradients put back as they were (some normalisers' backward hooks
+    refuse torch.autograd.grad)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        step(x, y)
+    model = getattr(step, "step", step).model  # a GraphedStep's captured Step
+    params = [p for p in model.parameters() if p.requires_grad]
+    kept = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        with FlopCounterMode(display=False) as counter:
+            F.cross_entropy(model(x), y).backward()
+    finally:
+        for p, g in zip(params, kept, strict=True):
+            p.grad = g
     return counter.get_total_flops() / 1e9
 
 

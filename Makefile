@@ -26,15 +26,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check normprop normprop_cli tests
 
 # Every experiment of the paper, then the figures and the report.
-# `make reproduce-all PRESET=paper DATASET=cifar10` runs the paper's protocol (meant for a CUDA GPU).
+# `make reproduce-all PRESET=paper DATASET=cifar10` runs the paper's protocol (meant for a CUDA GPU);
+# `normprop reproduce-all --preset paper --dry-run` plans it first (plan.csv: runs, steps, hours, disk).
 reproduce-all: $(STAMP)
 	$(BIN)/normprop reproduce-all --preset $(PRESET) $(DATASET_OPT)
 
 bench: $(STAMP)
 	$(BIN)/normprop bench
 
-# On a CUDA machine: the CUDA tests, every method benched (channels_last, bf16, CUDA graphs) and one
-# CIFAR-10-protocol epoch timed, into results/bench/gpu/. Without CUDA: one line, exit status 2.
+# On a CUDA machine, in at most 8 minutes: the CUDA tests, every method's step (CUDA graph or eager), peak
+# memory, host syncs, 20 steps against the CPU's, a real CIFAR-10 run killed and resumed, and the projected
+# time of `reproduce-all --preset paper` from this GPU's step times; results/bench/gpu/SUMMARY.md says pass or
+# fail per item (exit status 0 when all pass). Without CUDA: one line, exit status 2.
 gpu-check: $(STAMP)
 	$(BIN)/normprop gpu-check
 

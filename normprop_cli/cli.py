@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from normprop_cli import config, hints
+from normprop_cli import config, hints, tools
 from normprop_cli.errors import UserError
 
 app = typer.Typer(
@@ -23,6 +23,9 @@ app = typer.Typer(
 Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
 Preset = Annotated[str | None, typer.Option(help="paper | cpu | fashion | quick | smoke (default: quick).")]
 ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: the preset's, e.g. results/).")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Train nothing: write plan.csv (runs, steps, time, disk).")]
+StepTimesCsv = Annotated[Path | None, typer.Option(envvar="NORMPROP_STEP_TIMES", help="Step times (CSV) for the plan.")]
+Deterministic = Annotated[bool, typer.Option("--deterministic", help="Deterministic algorithms, no TF32 (slower).")]
 
 
 def user_errors(command):
@@ -39,6 +42,29 @@ def user_errors(command):
     return wrapper
 
 
+def _version(value: bool) -> None:
+    if value:
+        import normprop_cli
+
+        typer.echo(f"normprop {normprop_cli.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print normprop's version and exit.")
+    ] = False,
+) -> None:
+    """Normalization Propagation (Arpit et al., ICML 2016): run, plot and report every experiment of the paper."""
+
+
+def _rows(pairs: list[tuple[str, str]]) -> list[str]:
+    """`  name  description` lines whose descriptions start at one column: the longest name plus two spaces."""
+    width = max((len(name) for name, _ in pairs), default=0) + 2
+    return [f"  {name:<{width}}{text}" for name, text in pairs]
+
+
 @app.command("list")
 @user_errors
 def list_() -> None:
@@ -47,12 +73,12 @@ def list_() -> None:
 
     for group in ("experiment", "dataset", "preset"):
         typer.echo(f"{group}s:")
-        for name in config.options(group):
-            typer.echo(f"  {name:<16} {config.describe(group, name)}")
+        for line in _rows([(name, config.describe(group, name)) for name in config.options(group)]):
+            typer.echo(line)
     typer.echo("methods (experiment.methods, normprop bench --methods):")
-    for name, method in METHODS.items():
-        sets = ", ".join(f"{k}={v}" for k, v in method.settings.items())
-        typer.echo(f"  {name:<16} {method.label}: {sets}")
+    sets = {name: ", ".join(f"{k}={v}" for k, v in m.settings.items()) for name, m in METHODS.items()}
+    for line in _rows([(name, f"{m.label}: {sets[name]}") for name, m in METHODS.items()]):
+        typer.echo(line)
 
 
 @app.command()
@@ -110,6 +136,9 @@ def run(
         str | None,
         typer.Option(help="none | local | slurm: where the runs go (submitit; settings: launcher.KEY=VALUE)."),
     ] = None,
+    deterministic: Deterministic = False,
+    dry_run: DryRun = False,
+    step_times: StepTimesCsv = None,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
     from normprop_cli.experiments import EXPERIMENTS
@@ -133,10 +162,15 @@ def run(
         quiet=quiet or None,
         jobs=jobs,
         launcher=launcher,
+        deterministic=deterministic or None,
     )
+    if dry_run or not quiet:  # the plan (experiments.plan): its estimate line, or plan.csv instead of training
+        plan_lines([(cfg, EXPERIMENTS[experiment].trains)], step_times, cfg.device, write=dry_run)
+        if dry_run:
+            return
     start = time.time()
     out = EXPERIMENTS[experiment].run(cfg)
-    typer.echo(f"wrote {out}")
+    typer.echo(wrote(out, start))
     for figure in figures(out, start):
         typer.echo(f"wrote {figure}")
     above = enclosing(Path(cfg.results_dir))
@@ -144,9 +178,25 @@ def run(
     typer.echo(f"next: `{command}` puts them in {(above or Path(cfg.results_dir)) / 'REPORT.md'}")
 
 
+def plan_lines(cfgs: list, step_times: Path | None, device: str, write: bool) -> None:
+    """Print the plan of `cfgs` (experiments.plan.announce), priced by --step-times or steps timed on `device`."""
+    from normprop_cli.bench.step_times import StepTimes
+    from normprop_cli.experiments import plan
+
+    for line in plan.announce(cfgs, functools.partial(StepTimes, step_times, device), write_plan=write):
+        typer.echo(line)
+
+
 def enclosing(results: Path) -> Path | None:
     """The results directory above `results` whose REPORT.md covers it too (results/ for results/cpu)."""
     return results.parent if (results.parent / "REPORT.md").exists() else None
+
+
+def wrote(out: Path, since: float) -> str:
+    """'wrote PATH' where a file there is new since `since` (time.time()), else 'unchanged: PATH'."""
+    files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else []
+    fresh = any(p.stat().st_mtime >= since - 1 for p in files)
+    return f"wrote {out}" if fresh else f"unchanged: {out}"
 
 
 def figures(out: Path, since: float) -> list[Path]:
@@ -221,9 +271,13 @@ def plot(
 @user_errors
 def report(preset: Preset = None, results_dir: ResultsDir = None) -> None:
     """Write REPORT.md in the results directory (the preset's: results/ for quick) from the CSVs and figures there."""
+    from normprop_cli import readme
     from normprop_cli.report import write_report
 
-    typer.echo(f"wrote {write_report(results_dir or Path(config.root(preset).results_dir))}")
+    results = results_dir or Path(config.root(preset).results_dir)
+    typer.echo(f"wrote {write_report(results)}")
+    if (path := readme.update(results)) is not None:
+        typer.echo(f"updated the verdicts in {path}")
 
 
 @app.command("reproduce-all")
@@ -236,13 +290,24 @@ def reproduce_all(
     results_dir: ResultsDir = None,
     download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
+    deterministic: Deterministic = False,
+    dry_run: DryRun = False,
+    step_times: StepTimesCsv = None,
 ) -> None:
     """Every experiment in the paper's order (theory first), or those the preset lists
     (preset.experiments), then the figures and the report."""
+    if dry_run:  # plan.csv: a row per experiment and their total; nothing trained
+        from normprop_cli.experiments.plan import configs
+
+        cfgs = configs(preset, dataset, device=device, data_dir=data_dir, results_dir=results_dir)
+        return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True)
+    from normprop_cli import readme
+    from normprop_cli.engine import tally
     from normprop_cli.experiments import EXPERIMENTS
     from normprop_cli.report import write_report
 
     start = time.perf_counter()
+    tally.reset()
     cfg = None
     listed = config.root(preset).preset.get("experiments")  # a preset may name its own
     for experiment in listed or EXPERIMENTS:
@@ -258,92 +323,29 @@ def reproduce_all(
             results_dir=results_dir,
             download=download or None,
             quiet=quiet or None,
+            deterministic=deterministic or None,
         )
-        typer.echo(f"wrote {EXPERIMENTS[experiment].run(cfg)}")
+        began_at = time.time()
+        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), began_at))
         typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
     results = Path(cfg.results_dir)
     began = time.perf_counter()
     typer.echo(f"wrote {write_report(results)}")
     if above := enclosing(results):
         typer.echo(f"wrote {write_report(above)}")
+    if (path := readme.update(above or results)) is not None:
+        typer.echo(f"updated the verdicts in {path}")
     typer.echo(f"the report took {time.perf_counter() - began:.0f} s")
-    typer.echo(f"reproduce-all took {time.perf_counter() - start:.0f} s")
-
-
-@app.command()
-@user_errors
-def bench(
-    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,50,100",
-    widths: Annotated[str, typer.Option(help="Comma-separated NIN widths.")] = "1.0,0.25",
-    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration, all methods.")] = 30.0,
-    epochs: Annotated[int, typer.Option(help="Whole epochs timed per method (0: none).")] = 2,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's).")] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")] = "auto",
-    results_dir: Annotated[Path, typer.Option(help="Where results go.")] = Path("results"),
-    precision: Annotated[
-        str, typer.Option(help="auto (bfloat16 too where native) or comma-separated float32, bfloat16.")
-    ] = "auto",
-    methods: Annotated[
-        str, typer.Option(help="all, or comma-separated methods (none, batchnorm, normprop-icml, ...).")
-    ] = "all",
-) -> None:
-    """Time the NIN training step of every normalisation method side by side; write bench.csv."""
-    from normprop_cli.bench import PRECISIONS, run_bench
-
-    try:
-        sizes = [int(b) for b in batch_sizes.split(",")]
-        ws = [float(w) for w in widths.split(",")]
-    except ValueError:
-        raise UserError("--batch-sizes and --widths take comma-separated numbers, e.g. 1,50,100") from None
-    if min(sizes) < 1 or min(ws) <= 0 or budget <= 0 or epochs < 0:
-        raise UserError("batch sizes must be >= 1, widths and --budget > 0, --epochs >= 0")
-    precisions = None if precision.strip() == "auto" else [p.strip() for p in precision.split(",")]
-    if precisions is not None and not set(precisions) <= set(PRECISIONS):
-        raise UserError(f"--precision takes auto or some of {', '.join(PRECISIONS)}, comma-separated")
-    names = parse_methods(methods)
-    run_bench(
-        batch_sizes=sizes,
-        widths=ws,
-        budget_s=budget,
-        epochs=epochs,
-        threads=threads,
-        device=device,
-        results_dir=results_dir,
-        precisions=precisions,
-        methods=names,
+    report_path = (above or results) / "REPORT.md"
+    fresh = hints.command("reproduce-all", preset=cfg.preset.name, results_dir=Path(f"{results}-fresh"))
+    typer.echo(
+        f"reproduce-all: {tally.line()} in {time.perf_counter() - start:.0f} s; report: {report_path}; "
+        f"to retrain from empty: `{fresh}`"
     )
-    typer.echo(f"wrote {results_dir / 'bench' / 'bench.csv'}")
 
 
-@app.command("gpu-check")
-@user_errors
-def gpu_check(
-    methods: Annotated[
-        str, typer.Option(help="all, or comma-separated methods (none, batchnorm, normprop-icml, ...).")
-    ] = "all",
-    budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration, all methods.")] = 5.0,
-    tests: Annotated[bool, typer.Option("--tests/--no-tests", help="Run the CUDA tests first.")] = True,
-    results_dir: Annotated[Path, typer.Option(help="Where results go (bench/gpu/ in it).")] = Path("results"),
-) -> None:
-    """On a CUDA GPU: the CUDA tests, every method's step timed, a CIFAR-10 epoch; results/bench/gpu/."""
-    from normprop_cli.bench.gpu_check import run_gpu_check
-
-    names = parse_methods(methods)
-    if budget <= 0:
-        raise UserError(f"--budget must be > 0, got {budget}")
-    raise typer.Exit(run_gpu_check(results_dir=results_dir, methods=names, budget_s=budget, tests=tests))
-
-
-def parse_methods(methods: str) -> tuple[str, ...] | None:
-    """--methods: None for all, else the names, each one of nn.methods.METHODS (a UserError if not)."""
-    from normprop_cli.bench import choose_methods
-
-    if methods.strip() == "all":
-        return None
-    try:
-        return choose_methods([m for m in methods.split(",") if m.strip()])
-    except ValueError as exc:
-        raise UserError(f"--methods: {exc}") from None
+app.command()(user_errors(tools.bench))
+app.command("gpu-check")(user_errors(tools.gpu_check))
 
 
 def main() -> None:

@@ -115,6 +115,8 @@ def compose_checked(
         check_keys(defaults, user, experiment)  # a key that does not exist: say which, and the nearest that does
         raise
     if user:
+        # `+key=value` / `++key=value` compose whatever key they name: one the config lacks is a typo here
+        check_keys(defaults, [o for o in user if o.is_add() or o.is_force_add()], experiment)
         check_types(defaults, cfg, user)
     return cfg, user
 
@@ -145,18 +147,20 @@ def bad_override(exc: Exception) -> UserError:
 
 def check_keys(defaults: DictConfig | None, user: list[Override], experiment: str) -> None:
     """An override of a key the composed config lacks is a one-line error naming the key and the
-    nearest key that exists (`epochs=3`: did you mean `train.epochs=3`?); one of a config group
-    (dataset=..., model=...), the group's options."""
+    nearest key that exists (`epochs=3`: did you mean `train.epochs=3`?), with Hydra's `+`/`++` (which
+    would add the key) as without; one of a config group (dataset=..., model=...), the group's options."""
     keys = _keys(defaults) if defaults is not None else []
     for o in user:
         key, value = o.key_or_group, o.input_line.split("=", 1)[-1]
         if (conf_dir() / key).is_dir() and not o.is_delete():
             check_choice(key, value)
-        if o.is_add() or o.is_delete() or OmegaConf.select(defaults, key, default=_ABSENT) is not _ABSENT:
+        if o.is_delete() or OmegaConf.select(defaults, key, default=_ABSENT) is not _ABSENT:
             continue
         near = nearest(key, keys)
         todo = f"did you mean `{near}={value}`?" if near else f"`normprop config {experiment}` shows every key"
-        raise UserError(f"bad override {o.input_line!r}: unknown key '{key}'; {todo}")
+        plus = o.is_add() or o.is_force_add()
+        adds = " (`+` adds no keys: every key normprop reads is in the config)" if plus else ""
+        raise UserError(f"bad override {o.input_line!r}: unknown key '{key}'{adds}; {todo}")
 
 
 _ABSENT = object()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -38,16 +39,30 @@ def for_workers(name: str, workers: int) -> list[str]:
     return [str(resolve(f"cuda:{k % gpus}")) if gpus > 1 else str(device) for k in range(workers)]
 
 
-def prepare(device: torch.device) -> None:
-    """Per-process settings for fast, repeatable steps on this device."""
+# cuBLAS's setting for deterministic results (its docs, "Results reproducibility"; torch's reproducibility
+# notes): a fixed workspace per stream, read when cuBLAS starts, before the first matrix product.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
+def prepare(device: torch.device, deterministic: bool = False) -> None:
+    """Per-process settings for fast, repeatable steps on this device. `deterministic` (`--deterministic`,
+    the config's `deterministic`): torch's deterministic algorithms (an operation without one is an error),
+    CUBLAS_WORKSPACE_CONFIG, no cuDNN autotuning and no TF32 (float32 products in full float32)."""
     if device.type == "cpu":
         # Denormal floats can make a CPU step many times slower; flush them to zero.
         torch.set_flush_denormal(True)
         keep_freed_memory()
     else:
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = not deterministic
+        torch.backends.cuda.matmul.allow_tf32 = not deterministic
+        torch.backends.cudnn.allow_tf32 = not deterministic
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = deterministic
+    torch.use_deterministic_algorithms(deterministic)
 
 
 # glibc's malloc gives blocks of over 128 KiB back to the kernel when they are freed (mmap, then munmap;

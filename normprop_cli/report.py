@@ -25,6 +25,7 @@ from normprop_cli.experiments.plateau import plateau_section
 from normprop_cli.statistics import format_ci, markdown
 from normprop_cli.verdicts import provenance, result_dirs
 from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F401 (augmentation: report's API)
+from normprop_cli.verdicts.shared import statement
 
 PRESET_ORDER = ("quick", "cpu", "fashion")  # the first table's columns; other presets follow by name
 CONCLUSIVE = (verdicts.REPRODUCED, verdicts.NOT_REPRODUCED)
@@ -100,9 +101,15 @@ def _halves(row: dict) -> str:
     return text if check in (None, verdicts.AGREE) else f"{text}, {check}"
 
 
+def unmeasured(row: dict) -> bool:
+    """Nothing measured: not (yet) measured, or "inconclusive: N of M runs diverged" (no seed left)."""
+    return row["verdict"] in UNMEASURED or verdicts.is_diverged_verdict(row["verdict"])
+
+
 def cell(row: dict, unit: str) -> str:
-    """'**reproduced** 0.52 [0.21, 0.83] pp, n=6 (halves: reproduced / inconclusive)'; 'not measured'."""
-    if row["verdict"] in UNMEASURED:
+    """'**reproduced** 0.52 [0.21, 0.83] pp, n=6 (halves: reproduced / inconclusive)'; 'not measured';
+    'inconclusive: 3 of 3 runs diverged'."""
+    if unmeasured(row):
         return row["verdict"]
     halves = "no halves" if row.get("halves") == verdicts.NO_HALVES else f"halves: {_halves(row)}"
     return f"**{row['verdict']}** {_effect(row, unit)}, n={row['n_seeds']} ({halves})"
@@ -169,7 +176,7 @@ def disagreements(trees: list[Tree]) -> str:
 
 def _kind(row: dict, claim: verdicts.Claim) -> str:
     """'equivalence, 90%: ±0.84 pp': the test's kind, its interval's level and its threshold."""
-    if row["verdict"] in UNMEASURED or not claim.kind:
+    if unmeasured(row) or not claim.kind:
         return "—"
     margin = math.nan if row.get("margin") is None else float(row["margin"])
     threshold = verdicts.threshold_text(claim.kind, margin, claim.unit)
@@ -185,7 +192,7 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
     table, notes = [], []
     for row in Tree(Path(), frame).rows():
         c = claims[row["claim"]]
-        measured = row["verdict"] not in UNMEASURED
+        measured = not unmeasured(row)
         cells = [
             f"{c.id}: {c.claim} ({c.source})",
             f"**{row['verdict']}**",
@@ -248,11 +255,9 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
         "table in full, with the margins, the halves rule's outcome and the notes, follows; the rule is "
         "under *How a verdict is reached*.",
         "",
-        "Every experiment trains its own runs, none shared with another experiment: NormProp and BatchNorm "
-        "at batch 50 appear in C2 (covariate-shift), C3 (convergence) and C5 (table1), each trained there "
-        "with that experiment's seeds, epochs and probes, so the three verdicts rest on independent runs.",
-        "",
     ]
+    names = column_names(trees, root)
+    lines += statement([(n, t.path) for n, t in zip(names, trees, strict=True)], EXPERIMENTS, verdicts.claims())
     for tree in trees:
         lines += [f"### {label(tree.path, root, tree.preset)}", "", *verdict_table(tree.frame)]
     return lines + ["### How a verdict is reached", "", verdicts.rule_text(), ""]
@@ -293,8 +298,15 @@ def section(experiment: str, results: Path, root: Path | None = None, preset: st
                 f"{prov['runs']} run(s)."
             )
             lines.append("")
+        gone = verdicts.divergence(directory)
+        if gone:
+            kept = "no headline numbers: no run is left to average" if gone.every else "left out of the means below"
+            lines += [f"**Diverged**: {gone.text()}; {kept}.", ""]
         for figure in sorted(directory.glob("*.png")):
             lines += [f"![{experiment} {figure.stem}]({figure.relative_to(root).as_posix()})", ""]
+        if gone.every:
+            lines += [f"- {s}" for s in departures(experiment, prov, directory)] + [""]
+            continue
         try:
             rows = module.headlines(cfg)
         except UserError as exc:

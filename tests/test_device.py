@@ -64,3 +64,40 @@ def test_a_cpu_is_described_by_its_model_family_and_vector_instructions(monkeypa
         assert "family" not in device.describe(torch.device("cpu")) and device._cpu_flags() is None
     finally:
         device._cpu_info.cache_clear()
+
+
+def test_deterministic_setup_turns_on_deterministic_algorithms_and_off_autotuning_and_tf32(monkeypatch):
+    """`--deterministic` (the config's `deterministic`): torch's deterministic algorithms, cuBLAS's fixed
+    workspace, no cuDNN autotuning, no TF32; without it, CUDA's fast settings. CUDA's are flags, set
+    here without a GPU; every flag is put back afterwards."""
+    import os
+
+    import torch
+
+    from normprop_cli import device
+
+    flags = [
+        (torch.backends.cudnn, "benchmark"),
+        (torch.backends.cudnn, "deterministic"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (torch.backends.cuda.matmul, "allow_tf32"),
+    ]
+    saved = [getattr(o, name) for o, name in flags], torch.are_deterministic_algorithms_enabled()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # put back (unset) afterwards
+    calls, real = [], torch.use_deterministic_algorithms
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, **k: calls.append(mode) or real(mode, **k))
+    try:
+        for kind in ("cuda", "cpu"):
+            torch.backends.cudnn.benchmark = torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            device.prepare(torch.device(kind), deterministic=True)
+            assert calls[-1] is True and torch.are_deterministic_algorithms_enabled(), kind
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+            assert [getattr(o, name) for o, name in flags] == [False, True, False, False], kind
+        device.prepare(torch.device("cuda"))
+        assert calls[-1] is False and not torch.are_deterministic_algorithms_enabled()
+        assert [getattr(o, name) for o, name in flags] == [True, False, True, True]
+    finally:
+        for (o, name), value in zip(flags, saved[0], strict=True):
+            setattr(o, name, value)
+        real(saved[1])

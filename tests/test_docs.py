@@ -1,6 +1,8 @@
-"""The configs' comments and the README say what the code does: `normprop list` gives whole
-sentences, the seeds and epochs a comment names are the composed ones, every preset is listed, the times
-agree with the measurements, and the theory row names the figures the experiment draws."""
+"""The configs' comments and the docs say what the code does: `normprop list` gives whole sentences, the
+seeds and epochs a comment names are the composed ones, every preset is listed, the times the README, the
+presets and the configs give are those of docs/performance.md's table of measurements, the presets' workers
+are the composed ones, and docs/experiments.md has a section for every experiment, theory's naming the
+figures it draws."""
 
 import re
 from pathlib import Path
@@ -12,6 +14,7 @@ from normprop_cli.experiments.theory.figures import FIGURES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 CONF = ROOT / "conf"
 
 
@@ -82,32 +85,122 @@ def test_the_root_config_lists_every_preset():
 
 
 def minutes(text: str) -> float:
-    m = re.fullmatch(r"(\d+) min(?: (\d+) s)?", text)
-    return int(m.group(1)) + int(m.group(2) or 0) / 60
+    """The first 'N h M min', 'N min S s' or 'S s' of `text`, in minutes."""
+    m = re.search(r"(?:(\d+) h )?(\d+) min(?: (\d+) s)?|(\d+) s\b", text)
+    if m.group(4):
+        return int(m.group(4)) / 60
+    return int(m.group(1) or 0) * 60 + int(m.group(2)) + int(m.group(3) or 0) / 60
 
 
-def test_the_quick_presets_time_is_the_readmes_measurement():
-    measured = README.split("Measured on this project's", 1)[1].split("\n\n", 1)[0]
-    quick = measured.split("PRESET=cpu", 1)[0]
-    parts = re.findall(r"(\d+ min \d+ s)", quick)  # the eight, activations, normalizers
-    total = sum(minutes(p) for p in parts)
-    assert len(parts) == 3 and round(total) == int(re.search(r"all ten come to about (\d+) minutes", quick)[1])
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split(" | ")]
+
+
+def table(text: str, *columns: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table in `text` whose header starts with `columns`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| " + " | ".join(columns) + " |"))
+    header = cells(lines[start])
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, cells(line), strict=True)))
+    return rows
+
+
+def wall_times() -> list[dict[str, str]]:
+    """docs/performance.md's one table of measured wall times: date, CPU, commit, command, time."""
+    text = (DOCS / "performance.md").read_text().split("## Measured wall times", 1)[1]
+    rows = table(text, "date")
+    assert rows and set(rows[0]) == {"date", "CPU model and cores", "commit", "command", "time"}
+    return rows
+
+
+def quick_measurement() -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The row of the quick preset's whole `make reproduce-all` (all ten experiments) and the rows of its
+    parts, measured in the same run (same commit and CPU): the eight, activations, normalizers, the report."""
+    rows = wall_times()
+    (whole,) = [r for r in rows if r["command"].startswith("`make reproduce-all` ") and "all ten" in r["command"]]
+    parts = [
+        r for r in rows if r is not whole and r["command"].startswith("within it") and r["commit"] == whole["commit"]
+    ]
+    assert all(r["CPU model and cores"] == whole["CPU model and cores"] for r in parts)
+    return whole, parts
+
+
+def test_the_quick_presets_time_is_the_measurement():
+    whole, parts = quick_measurement()
+    times = [p["time"] for p in parts if "min" in p["time"]]  # the eight, activations, normalizers
+    assert len(times) == 3
+    total = minutes(whole["time"])
+    assert abs(sum(minutes(p["time"]) for p in parts) - total) < 1 / 60  # the parts add up to the whole
     comment = header("preset", "quick")
-    claimed = int(re.search(r"about (\d+) minutes", comment)[1])
-    assert claimed == round(total)
-    assert all(p in comment for p in parts)
+    assert int(re.search(r"about (\d+) minutes", comment)[1]) == round(total)
+    assert all(t in comment for t in times)
+    # The README and the presets table state the same measurement, on the same CPU.
+    assert f"took {whole['time']}" in README
+    assert whole["CPU model and cores"].split(", 2 cores")[0] in README
+    row = next(line for line in (DOCS / "presets-and-data.md").read_text().splitlines() if line.startswith("| `quick`"))
+    assert whole["time"] in row
 
 
 def test_the_presets_table_gives_the_cpu_presets_measured_times():
-    measured = README.split("Measured on this project's", 1)[1].split("\n\n", 1)[0].split("PRESET=cpu", 1)[1]
-    times = re.findall(r"(\d+ min \d+ s)", measured)
-    row = next(line for line in README.splitlines() if line.startswith("| `cpu` |"))
+    times = [r["time"] for r in wall_times() if re.search(r"PRESET=cpu|--preset cpu", r["command"])]
+    row = next(line for line in (DOCS / "presets-and-data.md").read_text().splitlines() if line.startswith("| `cpu` |"))
     assert len(times) == 2 and all(t in row for t in times)
     assert not re.search(r"about \d+ minutes", row)  # no other figure beside the measurements
     assert all(t in header("preset", "cpu") for t in times)
 
 
-def test_the_theory_row_names_every_figure_it_draws():
-    row = next(line for line in README.splitlines() if line.startswith("| `normprop run theory` |"))
+def test_every_wall_time_names_its_date_cpu_commit_and_command():
+    for row in wall_times():
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["date"]), row
+        assert "cores" in row["CPU model and cores"], row
+        assert re.fullmatch(r"[0-9a-f]{7,40}(, [0-9a-f]{7,40})*", row["commit"]), row
+        assert re.match(r"`(make|normprop) ", row["command"]) or row["command"].startswith("within it"), row
+        assert minutes(row["time"]) > 0, row
+
+
+def test_the_presets_table_lists_every_preset_and_the_fashion_preset_its_experiments():
+    text = (DOCS / "presets-and-data.md").read_text()
+    rows = table(text, "preset")
+    assert {re.match(r"`([a-z]+)`", r["preset"])[1] for r in rows} == set(config.options("preset"))
+    listed = list(config.root("fashion").preset.experiments)
+    fashion = next(r for r in rows if r["preset"] == "`fashion`")["what it is for"]
+    named = re.search(r"experiments on real images \(([^)]*)\)", fashion)[1].split(", ")
+    assert named == listed
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    assert f"`fashion`: {words[len(listed)]} experiments" in README
+
+
+def jobs(preset: str, experiment: str) -> int:
+    return int(config.load(experiment, preset=preset).jobs)
+
+
+def test_the_workers_table_gives_the_composed_jobs():
+    rows = {r["preset"]: r["workers"] for r in table((DOCS / "presets-and-data.md").read_text(), "preset", "workers")}
+    for preset in ("quick", "cpu"):
+        assert rows["`quick`, `cpu`"].startswith(f"{jobs(preset, 'data-norm')} of one thread")
+        assert f"normalizers {jobs(preset, 'normalizers')}" in rows["`quick`, `cpu`"]
+    assert rows["`fashion`"].startswith(f"{jobs('fashion', 'data-norm')}, normalizers included")
+    assert jobs("fashion", "normalizers") == jobs("fashion", "data-norm")
+    assert rows["`paper`, `smoke`"] == str(jobs("paper", "data-norm")) == str(jobs("smoke", "data-norm"))
+
+
+def experiment_section(name: str) -> str:
+    text = (DOCS / "experiments.md").read_text()
+    return text.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("name", config.options("experiment"))
+def test_every_experiment_has_its_section_saying_where_the_paper_has_it(name):
+    where = re.sub(r"\s*\(.*\)", "", str(config.load(name).experiment.paper))  # "Fig. 2, section 5.2"
+    first_paragraph = experiment_section(name).strip().split("\n\n", 1)[0]
+    assert where.lower() in first_paragraph.lower(), (where, first_paragraph[:80])
+
+
+def test_the_theory_section_names_every_figure_it_draws():
+    section = experiment_section("theory")
     for stem in FIGURES:
-        assert f"`{stem}.png`" in row, stem
+        assert f"`{stem}.png`" in section, stem

@@ -232,7 +232,9 @@ def test_a_grid_with_epochs_per_batch_size_is_described_setting_by_setting_and_i
     prov = provenance(tmp_path)
     assert prov["runs"] == 4 and prov["seeds"] == 2 and prov["schedules"] == [(2, 1), (4, 2)]  # the sweep's seed aside
     text = departures("normalizers", prov)
+    assert "Epochs per setting: 2 (the rate halved every 1) or 4 (the rate halved every 2); the paper preset has " \
+           "2, 6, 20 and 20 (halved every 1, 2, 5 and 5) at batch 1, 10, 50 and 100." in text  # fmt: skip
     assert "Epochs per setting: 2 (the rate halved every 1) or 4 (the rate halved every 2); the paper's protocol " \
-           "has 50 (halved every 10)." in text  # fmt: skip
+           "has 50 (halved every 10)." in departures("batch-size", prov)  # fmt: skip
     assert not any(t.startswith("Epochs: ") or t.startswith("The learning rate is halved") for t in text)
     assert budget(prov).startswith("digits, quick, 2 and 4 epochs, 2 seeds, width 0.25")

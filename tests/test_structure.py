@@ -115,6 +115,8 @@ def test_no_module_is_over_400_lines():
 FLOORS = (
     ("normprop_cli.__main__",),
     ("normprop_cli.cli",),
+    ("normprop_cli.tools",),
+    ("normprop_cli.readme",),
     ("normprop_cli.report",),
     ("normprop_cli.smoke", "normprop_cli.experiments", "normprop_cli.bench"),
     ("normprop_cli.status", "normprop_cli.verdicts"),

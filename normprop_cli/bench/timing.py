@@ -81,10 +81,11 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
-               methods=None):  # fmt: skip
+               methods=None, counted=True):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
     steps only, see StepClock; else empty); {method: whether every loss of its steps was finite};
-    {method: (its operator calls per step, `ops_per_step`; its GFLOP per step, `gflop_per_step`)}."""
+    {method: (its operator calls per step, `ops_per_step`; its GFLOP per step, `gflop_per_step`)}, NaN
+    without `counted` (a plan's timing, bench.step_times, needs only the times)."""
     methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
@@ -108,7 +109,9 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     phases = {m: {p: t[warmup:] for p, t in c.phases.items()} for m, c in clocks.items()}
     for run in runs.values():
         run.clock = None
-    counts = {m: (ops_per_step(run, x[0], y[0]), gflop_per_step(run, x[0], y[0])) for m, run in runs.items()}
+    nan = (float("nan"), float("nan"))
+    counts = {m: (ops_per_step(run, x[0], y[0]), gflop_per_step(run, x[0], y[0])) if counted else nan
+              for m, run in runs.items()}  # fmt: skip
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite, counts
 
 

@@ -28,13 +28,15 @@ def random_shifts(n: int, max_shift: int, generator: torch.Generator) -> torch.T
     return torch.randint(-max_shift, max_shift + 1, (n, 2), generator=generator, device=generator.device)
 
 
-def translate_batch(x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+def translate_batch(x: torch.Tensor, shifts: torch.Tensor, max_shift: int | None = None) -> torch.Tensor:
     """Shift each image of x [N, C, H, W] by its (dy, dx) of `shifts` [N, 2] (down and right for
-    positive values); what enters from outside the image is 0. Same shape and dtype as x."""
+    positive values); what enters from outside the image is 0. Same shape and dtype as x. `max_shift`,
+    a bound on |shifts| where the caller knows one (the trainer: dataset.translate_pixels), spares
+    reading the largest shift back from the device (a host sync per batch); the result is the same."""
     if shifts.shape != (len(x), 2):
         raise ValueError(f"shifts of shape {tuple(shifts.shape)} for a batch of {len(x)} images")
     n, _, h, w = x.shape
-    pad = int(shifts.abs().max()) if n else 0
+    pad = int(max_shift) if max_shift is not None else int(shifts.abs().max()) if n else 0
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
     shifts = shifts.to(x.device)
     rows = torch.arange(h, device=x.device) + pad - shifts[:, :1]  # [N, H]
@@ -55,13 +57,14 @@ def draw_augmentation(kind: str, n: int, generator: torch.Generator, max_shift: 
     raise ValueError(f"unknown augmentation {kind!r}; known: {', '.join(AUGMENTATIONS)}")
 
 
-def augment_batch(x: torch.Tensor, drawn: torch.Tensor | None) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, drawn: torch.Tensor | None, max_shift: int | None = None) -> torch.Tensor:
     """Apply a batch's slice of `draw_augmentation`'s draws to x [N, C, H, W]: flip horizontally (the
-    last dimension) the images a bool mask [N] selects, or shift each by its row of shifts [N, 2]."""
+    last dimension) the images a bool mask [N] selects, or shift each by its row of shifts [N, 2]
+    (`max_shift`: as translate_batch's)."""
     if drawn is None:
         return x
     if drawn.dtype != torch.bool:
-        return translate_batch(x, drawn)
+        return translate_batch(x, drawn, max_shift)
     if drawn.shape != x.shape[:1]:
         raise ValueError(f"flip mask of shape {tuple(drawn.shape)} for a batch of {len(x)} images")
     mask = drawn.to(x.device).view(-1, *([1] * (x.dim() - 1)))

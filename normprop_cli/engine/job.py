@@ -16,7 +16,7 @@ from normprop_cli import io
 from normprop_cli.data import DATA_NORMS, DataError, load_dataset
 from normprop_cli.data.augment import AUGMENTATIONS
 from normprop_cli.engine.runs import FINISHED, RunSpec, extends, read_manifest, run_dir, sweep_dir, tables_problem
-from normprop_cli.engine.step import DECAY
+from normprop_cli.engine.step import DECAY, SWITCHES
 from normprop_cli.engine.trainer import Observer, Progress, model_config, train_run
 from normprop_cli.errors import UserError
 from normprop_cli.nn.nin import values_per_channel
@@ -36,6 +36,10 @@ def validate(spec: RunSpec) -> None:
         (t.get("decay", "all") in DECAY, f"train.decay={t.get('decay')} is not known; use one of {', '.join(DECAY)}"),
         (t.get("agc") is None or float(t.agc) > 0, f"train.agc must be a positive factor or null, got {t.agc}"),
         (int(t.eval_batch_size) >= 1, f"train.eval_batch_size must be at least 1, got {t.eval_batch_size}"),
+        *(
+            (t.get(key, False) in SWITCHES, f"train.{key} must be true, false or auto, got {t.get(key)}")
+            for key in ("channels_last", "cuda_graph")
+        ),
         (
             not (t.data_norm == "batch" and int(t.batch_size) == 1),
             f"run {name}: batch data normalisation needs a batch of 2 or more; use train.data_norm=global "

@@ -71,7 +71,7 @@ def train_in_worker(
         torch.set_num_threads(threads)
     cfg = OmegaConf.create(run)
     device = devices.resolve(device or cfg.device)
-    devices.prepare(device)
+    devices.prepare(device, bool(cfg.get("deterministic", False)))
     key = (repr(run["dataset"]), str(cfg.data_dir), str(device))
     if key not in _data:
         _data.clear()

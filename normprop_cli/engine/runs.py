@@ -212,17 +212,20 @@ def prose(key: str) -> bool:
 
 
 EXTENDABLE = "train.epochs"  # the one key a run may change: more epochs continue it where it stopped
+# How a step runs, not what it computes (engine/step.py: the float32 numbers, up to rounding, as on another
+# device): like the device, these may change when a run resumes (cuda_graph's default was false, now auto).
+EXECUTION = ("train.channels_last", "train.compile", "train.cuda_graph")
 
 
 def config_differences(spec: RunSpec, path: Path) -> list[str]:
     """The keys of the run directory's config.yaml whose values differ in the spec's config (the
-    paper's text and numbers aside)."""
+    paper's text and numbers, PROSE, and how a step runs, EXECUTION, aside)."""
     stored_file = path / CONFIG
     if not stored_file.exists():
         return []
     stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
     # A key the stored config lacks came after the run trained, with a default that keeps what it did.
-    return sorted(k for k in stored if not prose(k) and stored[k] != new.get(k))
+    return sorted(k for k in stored if not prose(k) and k not in EXECUTION and stored[k] != new.get(k))
 
 
 def extends(spec: RunSpec, path: Path, manifest: dict | None) -> bool:

@@ -10,14 +10,16 @@ and returns the loss and the number of correct predictions as device tensors: no
 so a GPU never waits for the host inside an epoch. A step is timed only with a `StepClock` set
 as its `clock` (`normprop bench`): the trainer's steps have none.
 
-Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU:
+Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU and
+cuda_graph on CUDA (`auto`, their default; true, false or auto, SWITCHES):
     channels_last  NHWC activations and weights; `auto`: on the CPU, where oneDNN's convolutions
                    and max pooling make a batch-50 step 1.4-1.7x faster (bench), off on CUDA
     amp            bfloat16 autocast (tensor cores; AMX or AVX512-BF16 CPUs, `device.bf16_supported`);
                    the loss and the master weights stay float32; NormProp keeps its folded path
     compile        torch.compile the model (needs a C++ compiler on the CPU)
-    cuda_graph     capture the whole step as one CUDA graph and replay it (CUDA only; for small
-                   batches, where launching kernels costs more than running them)
+    cuda_graph     capture the whole step as one CUDA graph and replay it (CUDA only, not with
+                   compile; `auto`: on CUDA); launching the kernels of a small NIN step costs more than
+                   running them. Where capture fails, the run goes on with the eager step (one line says so)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from normprop_cli.device import synchronize
+from normprop_cli.errors import first_line
 from normprop_cli.nn import constrain_unit_norm_
 
 
@@ -46,10 +49,14 @@ class StepOptions:
         """The `train:` options that apply on `device` (a CUDA graph: CUDA only, not compiled)."""
         get = lambda key: bool(train_cfg.get(key, False))  # noqa: E731
         compile_ = get("compile")
-        graph = get("cuda_graph") and device.type == "cuda" and not compile_
+        graph = train_cfg.get("cuda_graph", False)
+        graph = (device.type == "cuda" if graph == "auto" else bool(graph)) and device.type == "cuda" and not compile_
         nhwc = train_cfg.get("channels_last", False)
         nhwc = device.type == "cpu" if nhwc == "auto" else bool(nhwc)
         return cls(nhwc, get("amp"), compile_, graph)
+
+
+SWITCHES = (True, False, "auto")  # the values of train.channels_last and train.cuda_graph
 
 
 DECAY = ("all", "weights")
@@ -193,34 +200,61 @@ class GraphedStep:
     had, so a run with the graph takes exactly the steps of a run without it. Momentum buffers
     that did not exist yet are zeroed, and SGD from a zero buffer is SGD's first step. Its `clock`
     times whole replays (the first with its capture); the captured Step's stays unset.
+
+    Where capture fails (an operation that a graph cannot hold, such as a host sync), the state is
+    put back as it was before, one line names the method (`name`) and the reason, and every step,
+    this one included, runs the eager Step: the numbers of a run without the graph.
     """
 
     clock: StepClock | None = None
 
-    def __init__(self, step: Step, warmup: int = 3):
-        self.step, self.warmup, self.graph = step, warmup, None
+    def __init__(self, step: Step, warmup: int = 3, name: str = ""):
+        self.step, self.warmup, self.graph, self.eager = step, warmup, None, False
+        self.name = name or str(getattr(step.model, "norm", type(step.model).__name__))
         self.logits = step.logits
 
     def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         clock = self.clock
         if clock is not None:
             clock.start()
-        if self.graph is None:
-            self._capture(x, y)
-        self.x.copy_(x)
-        self.y.copy_(y)
-        self.graph.replay()
+        if self.graph is None and not self.eager:
+            self._capture_or_fall_back(x, y)
+        if self.eager:
+            out = self.step(x, y)
+        else:
+            self.x.copy_(x)
+            self.y.copy_(y)
+            self.graph.replay()
+            out = self.out
         if clock is not None:
             clock.stop()
-        return self.out
+        return out
 
-    def _capture(self, x: Tensor, y: Tensor) -> None:
+    def _capture_or_fall_back(self, x: Tensor, y: Tensor) -> None:
+        step = self.step
+        lrs = [group["lr"] for group in step.optimizer.param_groups]
+        stateful = {id(p) for p, s in step.optimizer.state.items() if s}
+        saved = _snapshot(step)
+        try:
+            self._capture(x, y, saved)
+        except Exception as exc:  # capture refused: put everything back and go on eagerly
+            synchronize(x.device)  # the side stream's warm-up steps are done before the state is put back
+            _restore(step, saved)
+            for p in [p for p in step.optimizer.state if id(p) not in stateful]:
+                del step.optimizer.state[p]  # SGD's first step makes its momentum buffer, as eagerly
+            for group, lr in zip(step.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            self.graph, self.eager = None, True
+            from normprop_cli.engine.runs import say
+
+            say(f"cuda_graph: {self.name}: capture failed ({first_line(exc, 160)}); its steps run eagerly")
+
+    def _capture(self, x: Tensor, y: Tensor, saved: dict) -> None:
         step = self.step
         for group in step.optimizer.param_groups:  # a device tensor, which `set_lr` fills
             if not isinstance(group["lr"], Tensor):
                 group["lr"] = torch.tensor(float(group["lr"]), device=x.device)
         self.x, self.y = x.clone(), y.clone()
-        saved = _snapshot(step)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -271,11 +305,13 @@ def make_step(
     constrain: bool,
     options: StepOptions,
     agc: float | None = None,
+    name: str = "",
 ) -> Step | GraphedStep:
+    """The step the options ask for; `name` (the run's method) is what a failed CUDA graph capture's line names."""
     step = Step(model, data_norm, optimizer, constrain, options)
     if agc is not None:
         from timm.utils import adaptive_clip_grad  # NFNets' unit-wise clipping, as timm's NFNet training uses it
 
         params, factor = clipped_parameters(model), float(agc)
         step.clip = lambda: adaptive_clip_grad(params, clip_factor=factor)
-    return GraphedStep(step) if options.cuda_graph else step
+    return GraphedStep(step, name=name) if options.cuda_graph else step

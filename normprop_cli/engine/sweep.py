@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import config
 from normprop_cli import device as devices
+from normprop_cli.engine import tally
 from normprop_cli.engine.job import check_data, check_ready, finished, load_data, train_one, validate
 from normprop_cli.engine.progress import QuietProgress, make_progress
 from normprop_cli.engine.runs import RunSpec, check_same_config, read_manifest, run_dir, say
@@ -43,6 +44,10 @@ def run_sweep(
     device = devices.resolve(cfg.device) if launcher != "slurm" else None
     todo = [s for s in specs if not finished(s)]
     pending = {s.name for s in todo}
+    if len(todo) < len(specs):
+        where = run_dir(specs[0].cfg, specs[0].name).parent
+        done = len(specs) - len(todo)
+        say(f"{done} of {len(specs)} runs already finished in {where}: reused, not retrained")
     if todo and (jobs > 1 or launcher != "none"):
         from normprop_cli.engine import launch, parallel
 
@@ -57,9 +62,11 @@ def run_sweep(
             launch.run_local(cfg, todo, observers, progress)
         else:
             parallel.run_pool(cfg, todo, observers, progress)
-        return [read_manifest(run_dir(s.cfg, s.name)) for s in specs]
+        manifests = [read_manifest(run_dir(s.cfg, s.name)) for s in specs]
+        tally.record(len(specs), len(todo), manifests)
+        return manifests
 
-    devices.prepare(device)
+    devices.prepare(device, bool(cfg.get("deterministic", False)))
     data = load_data(cfg, device) if todo else None
     if todo:
         check_ready(cfg, todo, data)
@@ -77,4 +84,5 @@ def run_sweep(
                 done = (read_manifest(run_dir(spec.cfg, spec.name)) or {}).get("epochs_done", 0)
                 say(f"interrupted: run {spec.name} kept {done} finished epoch(s); run the same command again to resume")
                 sys.exit(130)
+    tally.record(len(specs), len(todo), manifests)
     return manifests

@@ -2,8 +2,10 @@
 NormProp's unit-norm constraint after every step, evaluation after every epoch, and after every epoch
 an atomic checkpoint, metrics.csv and manifest.json so that a run can always be resumed exactly.
 
-The checkpoint before the newest is kept (checkpoint.prev.pt): a damaged newest one costs one epoch,
-retrained exactly. A run trains under its lock (engine.lock): one process at a time."""
+While a run is unfinished the checkpoint before the newest is kept (checkpoint.prev.pt): a damaged newest
+one costs one epoch, retrained exactly. A finished run (complete or diverged) deletes it: its checkpoint.pt,
+written before its manifest says it finished, is what its tables are rebuilt from (a damaged one is a one-line
+error: delete the run to train it again). A run trains under its lock (engine.lock): one process at a time."""
 
 from __future__ import annotations
 
@@ -148,6 +150,7 @@ def _train_locked(
             state = load_checkpoint(spec.name, path, device, f"{problem}, and ")
             write_tables(path, state["history"], state["extra"])
             say(f"run {spec.name}: {problem}; rebuilt from {CHECKPOINT} (epoch {state['epoch']})")
+        (path / PREVIOUS).unlink(missing_ok=True)  # left by a run that finished before finished runs dropped it
         return manifest
     check_same_config(spec, path)
 
@@ -183,6 +186,7 @@ def _train_locked(
         "epochs_done": run.epoch,
         "device": str(device),
         "device_name": describe(device),
+        "deterministic": bool(cfg.get("deterministic", False)),  # --deterministic (device.prepare)
         "commit": commit(),
         "versions": versions(),
         "host": _host(),
@@ -215,6 +219,7 @@ def _train_locked(
     write_tables(path, run.history, run.extra)
     manifest |= {"finished": now(), "updated": now()}
     io.write_json(path / MANIFEST, manifest)
+    (path / PREVIOUS).unlink(missing_ok=True)  # kept only while the run is unfinished (module docstring)
     progress.finish(manifest)
     return manifest
 
@@ -234,7 +239,8 @@ def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Se
             model.initialize(data_norm(to_float(data.train.x[pick])))
         data_norm.load_state_dict(saved)
     optimizer = make_optimizer(model, t.lr, t.momentum, t.weight_decay, device, t.get("decay", "all"))
-    step = make_step(model, data_norm, optimizer, has_normprop_layers(model), options, t.get("agc"))
+    name = cfg.get("method") or method_of(cfg.model)
+    step = make_step(model, data_norm, optimizer, has_normprop_layers(model), options, t.get("agc"), name)
     return Run(
         model=model,
         data_norm=data_norm,
@@ -270,6 +276,7 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
     n, bs = len(data.train), int(t.batch_size)
     order = torch.randperm(n, generator=gen).to(device)
     drawn = augmentation(cfg, n, gen, device)
+    max_shift = int(cfg.dataset.get("translate_pixels", 0))  # the translations' bound: no read-back per batch
     steps = epoch_steps(t, n)
     run.model.train()
     run.data_norm.train()
@@ -279,7 +286,7 @@ def train_epoch(run: Run, data: Dataset, cfg: DictConfig, device: torch.device, 
         idx = order[step * bs : (step + 1) * bs]
         x = data.train.x[idx]
         if drawn is not None:
-            x = augment_batch(x, drawn[step * bs : (step + 1) * bs])
+            x = augment_batch(x, drawn[step * bs : (step + 1) * bs], max_shift)
         loss, right = run.step(x, data.train.y[idx])
         loss_sum += loss * len(idx)
         correct += right

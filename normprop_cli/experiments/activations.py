@@ -115,6 +115,7 @@ def plot(cfg: DictConfig) -> list[Path]:
             seeds = runs.loc[runs["activation"] == activation, ACCURACY]
             acc.scatter(np.full(len(seeds), i + dx + 0.06), seeds, s=8, color=color, alpha=0.4, linewidths=0)
     epoch = int(last["epoch"].max()) if len(last) else 0
+    plots.note_if_empty(acc, last["mean"])
     low, high = acc.get_ylim()
     acc.set_ylim(max(low, 0.0), min(high, 100.0))
     acc.set_xticks(range(len(order)), [ACTIVATION_LABELS.get(a, a) for a in order])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -68,7 +69,26 @@ def experiment(
     """Register the decorated `run` as the experiment `name`, with its other parts."""
 
     def register(run: Callable[[DictConfig], Path]) -> Callable[[DictConfig], Path]:
-        EXPERIMENTS[name] = Experiment(name, run, plot, headlines, paragraphs, trains)
+        EXPERIMENTS[name] = Experiment(name, saying_diverged(run) if trains else run, plot, headlines, paragraphs,
+                                       trains)  # fmt: skip
         return run
 
     return register
+
+
+def saying_diverged(run: Callable[[DictConfig], Path]) -> Callable[[DictConfig], Path]:
+    """`run`, then a line naming the runs that diverged and their rates ('3 of 3 runs diverged (lr 1e9)'),
+    where any did: `normprop run` and `reproduce-all` print it after the sweep, whatever the experiment."""
+
+    @wraps(run)
+    def wrapped(cfg: DictConfig) -> Path:
+        from normprop_cli.engine.runs import sweep_dir
+        from normprop_cli.verdicts import divergence
+
+        out = run(cfg)
+        gone = divergence(sweep_dir(cfg))
+        if gone:
+            print(f"{gone.text()}; {'no run is left to average' if gone.every else 'left out of every mean'}")
+        return out
+
+    return wrapped

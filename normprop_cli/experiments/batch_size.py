@@ -77,6 +77,8 @@ def plot(cfg: DictConfig) -> list[Path]:
         plots.plot_curve(axes[0], c, text, dodge=dodge, **style)
         if "updates" in c:
             plots.plot_curve(axes[1], c.assign(epoch=c["updates"]), text, **style)
+    for ax in axes:
+        plots.note_if_empty(ax, curve["mean"])
     notes = not_learned_notes(cfg)
     chance = tables.chance(cfg)
     if notes or axes[0].get_ylim()[0] <= chance:

@@ -38,6 +38,7 @@ def plot(cfg: DictConfig) -> list[Path]:
             dodge=dodge,
             color=tables.METHOD_COLORS.get(method),
         )
+    plots.note_if_empty(ax, curve["mean"])
     plots.accuracy_axes(ax, cfg, "Fig. 3: NormProp vs BN convergence, 95% CI")
     return plots.save(fig, cfg, "convergence")
 

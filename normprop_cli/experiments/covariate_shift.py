@@ -291,7 +291,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
         reproduced = f"{per_draw['epoch'].median():g} of {epochs}; {moving} of {len(per_draw)} still moving"
         paper = tables.paper_value(cfg, cfg.experiment.paper_settled.get(method, ""))
         rows.append({"quantity": quantity, "reproduced": reproduced, "paper": paper})
-    for method, g in _by_method(summary[~learned]):
+    for method, g in _by_method(summary[~learned & ~outcomes.diverged(summary)]):  # the diverged: the last row
         if method not in set(kept["method"]):
             accuracy = 100.0 - g["final_test_error"].mean() if "final_test_error" in g else float("nan")
             quantity = (

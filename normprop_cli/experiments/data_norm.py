@@ -57,6 +57,7 @@ def plot(cfg: DictConfig) -> list[Path]:
             linestyle="-" if data_norm == "batch" else "--",
             marker="o" if data_norm == "batch" else "s",
         )
+    plots.note_if_empty(ax, curve["mean"])
     paper = cfg.experiment.paper_best_test_acc
     ax.axhline(paper, color="0.5", linewidth=0.8, linestyle=":", label=f"paper's best, CIFAR-10 ({paper}%)")
     plots.accuracy_axes(ax, cfg, "Fig. 1: global vs batch data normalisation")

@@ -23,7 +23,7 @@ method, batch_size, lr, seed, epochs, val_acc, val_loss, chosen (True on the cho
 policy adds `score` (the rate's) and `at_edge` (on the chosen rate's rows where it is still the lowest or
 highest rate tried: that side's extensions spent; edge_choices lists them). A grid entry with `rate_of:
 <setting>` is not swept: it trains at that setting's chosen rate (e.g. batch 1 with as many updates per
-epoch as batch 50, at batch 1's rate)."""
+epoch as batch 50, at batch 1's rate), times its `rate_scale` where it has one (e.g. 0.5: half that rate)."""
 
 from __future__ import annotations
 
@@ -68,15 +68,17 @@ def choose_rates(
     cfg: DictConfig,
     method: Callable[[DictConfig], str] = lambda c: c.model.norm,
     label: Callable[[str], str] = tables.method_label,
+    observers: Callable[[RunSpec], list] = lambda spec: (),
 ) -> pd.DataFrame:
     """Train the sweep; per setting, mark the rate with the best final validation accuracy (ties: the
     lower validation loss). `method(run_cfg)` names a run's method in lr_sweep.csv; the steps policy
-    draws lr_sweep.png with `label(method)` in its legend."""
+    draws lr_sweep.png with `label(method)` in its legend. `observers(spec)`: what a sweep run needs
+    observed to train as the reported runs do (e.g. the drift Sigma-oracle's held-out batch)."""
     if stepped(cfg):
-        return choose_stepped(cfg, method, label)
+        return choose_stepped(cfg, method, label, observers)
     grid, owner = sweep_grid(cfg)
     specs = expand_grid(grid)
-    run_sweep(grid, specs)
+    run_sweep(grid, specs, observers=observers)
     epochs = tables.gather(specs, columns={"batch_size": "train.batch_size", "lr": LR})
     rows = []
     for spec in specs:
@@ -99,7 +101,9 @@ def with_rates(cfg: DictConfig, sweep: pd.DataFrame) -> DictConfig:
     chosen = sweep[sweep["chosen"].astype(bool)].drop_duplicates("setting").set_index("setting")["lr"]
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for entry in out.grid:
-        entry.set[LR] = float(chosen[entry.get("rate_of") or entry.id])
+        lr = float(chosen[entry.get("rate_of") or entry.id])
+        scale = entry.get("rate_scale")  # a fixed multiple of the borrowed rate (e.g. 0.5: half NormProp's)
+        entry.set[LR] = float(f"{lr * float(scale):.6g}") if scale is not None else lr
     return out
 
 
@@ -202,7 +206,12 @@ def scores(table: pd.DataFrame) -> pd.DataFrame:
     return per.sort_values(["setting", "score", "loss", "lr"], ascending=[True, False, True, True], kind="stable")
 
 
-def choose_stepped(cfg: DictConfig, method: Callable[[DictConfig], str], label: Callable[[str], str]) -> pd.DataFrame:
+def choose_stepped(
+    cfg: DictConfig,
+    method: Callable[[DictConfig], str],
+    label: Callable[[str], str],
+    observers: Callable[[RunSpec], list] = lambda spec: (),
+) -> pd.DataFrame:
     """The steps policy (module docstring): rounds of sweep runs until every setting's best rate is
     interior or its side's extensions are spent; lr_sweep.csv and lr_sweep.png."""
     check_stepped(cfg)
@@ -213,7 +222,7 @@ def choose_stepped(cfg: DictConfig, method: Callable[[DictConfig], str], label: 
     todo, rows = [(setting, k) for setting, ks in tried.items() for k in ks], []
     while todo:
         grid, specs, owner = stepped_specs(cfg, [(setting, rate(centres[setting], s.step, k)) for setting, k in todo])
-        rows += stepped_rows(cfg, specs, run_sweep(grid, specs), owner, method)
+        rows += stepped_rows(cfg, specs, run_sweep(grid, specs, observers=observers), owner, method)
         best = scores(pd.DataFrame(rows)).groupby("setting", sort=False).head(1).set_index("setting")["lr"]
         edges = [(setting, side, k) for setting, ks in tried.items() for side, k in enumerate((min(ks), max(ks)))]
         todo = [(setting, k + (1 if side else -1)) for setting, side, k in edges

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import io
 from normprop_cli.engine.runs import sweep_dir
+from normprop_cli.verdicts import ALL_DIVERGED
 
 
 def plot_curve(ax, curve: pd.DataFrame, label: str, band: bool = False, dodge: float = 0.0, **style) -> None:
@@ -30,6 +31,18 @@ def plot_curve(ax, curve: pd.DataFrame, label: str, band: bool = False, dodge: f
         ax.errorbar(x, y, yerr=np.nan_to_num(yerr), capsize=3, elinewidth=0.8, label=label, **style)
 
 
+def note_if_empty(ax, values, text: str = ALL_DIVERGED) -> bool:
+    """Write `text` ("all runs diverged") across `ax` where `values`, what it plots, has nothing finite:
+    a figure of a grid whose every run diverged says so instead of showing empty axes. True where it did."""
+    numbers = pd.to_numeric(pd.Series(np.ravel(np.asarray(values, dtype=object))), errors="coerce")
+    if np.isfinite(numbers.to_numpy(dtype=float)).any():
+        return False
+    box = {"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7"}  # above any reference line
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="0.3", bbox=box,
+            zorder=5)  # fmt: skip
+    return True
+
+
 def dodges(k: int, width: float = 0.24) -> list[float]:
     """k small x offsets centred on 0, for k curves with caps at the same epochs."""
     return [0.0] * k if k < 2 else list(np.linspace(-width / 2, width / 2, k))
@@ -45,7 +58,8 @@ def accuracy_axes(ax, cfg: DictConfig, what: str) -> None:
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title(cfg, what), fontsize=10)
-    ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # none where every run diverged
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
 
 
 def pyplot():

@@ -32,7 +32,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
     paper_dataset = cfg.dataset.name if cfg.dataset.name in cfg.experiment.paper_test_error else "cifar10"
     rows = []
     for (method, augmentation), g in summary.groupby(["method", "augment"], sort=False):
-        e = statistics.proportion_ci(complete(g)["final_test_error"])
+        e = statistics.proportion_ci(complete(g).get("final_test_error", EMPTY))
         rows.append(
             {
                 "quantity": f"final test error % [95% CI, n = {e['n']}] ({method}, augmentation {augmentation})",
@@ -41,6 +41,9 @@ def headlines(cfg: DictConfig) -> list[dict]:
             }
         )
     return rows + tables.not_learned(cfg)
+
+
+EMPTY = pd.Series(dtype=float)  # the final errors of a summary whose every run diverged before its first epoch
 
 
 def complete(runs: pd.DataFrame) -> pd.DataFrame:
@@ -70,7 +73,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     fig, ax = plt.subplots(figsize=(2.0 + 1.6 * len(groups), 4.0))
     seeds, ticks, legend = {}, [], {}
     for i, ((method, augmentation), g) in enumerate(groups):
-        done = complete(g)["final_test_error"]
+        done = complete(g).get("final_test_error", EMPTY)
         e = statistics.proportion_ci(done)
         seeds.setdefault(method, set()).add(e["n"])
         whisker = {"yerr": [[e["mean"] - e["ci_low"]], [e["ci_high"] - e["mean"]]], "capsize": 4} if e["n"] > 1 else {}
@@ -84,6 +87,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         gone = len(g) - len(done)
         left_out = f"\n({gone} diverged, left out)" if gone else ""
         ticks.append(f"{tables.method_label(method)}\n{augmentation_label(augmentation, cfg)}\nn = {e['n']}{left_out}")
+    plots.note_if_empty(ax, complete(summary).get("final_test_error", EMPTY))
     order = [*sorted(seeds, key=tables.method_rank), "seed", "paper"]  # the methods' bars, then the dots, the paper
     ax.set_xticks(range(len(groups)), ticks, fontsize=8)
     ax.set_xlabel("method, training-set augmentation, seeds (n)")

@@ -99,6 +99,12 @@ def kept(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[~diverged(runs)]
 
 
+def with_columns(runs: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """`runs` with each of `columns` it lacks added, empty (NaN): the summary of runs that all diverged
+    in their first epoch has no metric columns, and a mean over none of them is NaN, not a KeyError."""
+    return runs.assign(**{c: math.nan for c in columns if c not in runs})
+
+
 def diverged_note(runs: pd.DataFrame) -> str:
     """'2 of 10 runs diverged (left out)' for the rows of summary.csv behind one number; '' when none did."""
     k = int(diverged(runs).sum())

@@ -154,6 +154,8 @@ def plot(cfg: DictConfig) -> list[Path]:
     rel.set_xticks(list(x), names)
     rel.set_ylabel("epoch time / BatchNorm's (geometric mean of per-seed ratios)", fontsize=8)
     rel.legend(frameon=False, fontsize=7)
+    for panel, values in ((ax, table["median_epoch_seconds"]), (rel, table["ratio_vs_batchnorm"])):
+        plots.note_if_empty(panel, values)
     fig.suptitle(plots.title(cfg, "Section 5.6: training speed"), fontsize=10)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.88, wspace=0.3)
     return plots.save(fig, cfg, "timing")
@@ -203,8 +205,8 @@ def headlines(cfg: DictConfig) -> list[dict]:
 def paragraphs(cfg: DictConfig) -> list[str]:
     """Which ratio the table shows, and why the ratio of the seconds above differs from it."""
     table = read_table(cfg).set_index("method")
-    if not {"normprop", "batchnorm"} <= set(table.index):
-        return []
+    if not {"normprop", "batchnorm"} <= set(table.index) or not table.loc["normprop", "seeds_vs_batchnorm"]:
+        return []  # no seed with both methods complete (e.g. every NormProp run diverged): no ratio to explain
     r = table.loc["normprop"]
     return [
         "The epoch time ratio NormProp / BatchNorm pairs the runs by seed: each complete run's median "

@@ -129,13 +129,15 @@ class NormPropLayer(nn.Module):
         return torch.linalg.vector_norm(self.weight.flatten(1), dim=1)
 
     def folded_constants(self, like: Tensor) -> Tensor:
-        """Rows 1/(f c1), 1/c1, -c2/c1 per filter (eq. 11 folded), in the dtype of `like`."""
+        """Rows 1/(f c1), 1/c1, -c2/c1 per filter (eq. 11 folded), in the dtype of `like`, filled on its
+        device from the Python numbers: no tensor made from host data (a host-to-device copy) in a step."""
         key = (like.dtype, like.device)
         if key not in self._consts:
             st, f, n = self._fixed_stats, self.divisor(), self.gamma.numel()
-            c = [1.0 / (f * st.std), 1.0 / st.std, -st.mean / st.std]
-            c = torch.tensor(c, dtype=like.dtype, device=like.device)
-            self._consts[key] = c[:, None].repeat(1, n)
+            rows = torch.empty((3, n), dtype=like.dtype, device=like.device)
+            for i, c in enumerate((1.0 / (f * st.std), 1.0 / st.std, -st.mean / st.std)):
+                rows[i].fill_(c)
+            self._consts[key] = rows
         return self._consts[key]
 
     def _out_numel(self, x: Tensor) -> int:

@@ -18,6 +18,7 @@ from . import online  # noqa: F401  (declares its methods)
 from .folded import fold_layers
 from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer
 from .methods import NORMS, register_method
+from .oracle import SigmaOracle, SigmaOracleConv2d
 from .stats import ACTIVATIONS, PARAMETRIC
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
@@ -37,12 +38,14 @@ ARCHITECTURE = (
 )
 
 
-def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", **_) -> nn.Module:
-    return NormPropConv2d(i, o, k, s, p, activation=activation, jacobian=jacobian)
+def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", sigma_oracle=False, **_) -> nn.Module:
+    conv = SigmaOracleConv2d if sigma_oracle else NormPropConv2d  # model.sigma_oracle_every (nn.oracle)
+    return conv(i, o, k, s, p, activation=activation, jacobian=jacobian)
 
 
-def _normprop_classifier(i, o, k, s, p, jacobian="divide", **_) -> nn.Module:
-    return NormPropConv2d(i, o, k, s, p, activation=None, jacobian=jacobian)
+def _normprop_classifier(i, o, k, s, p, jacobian="divide", sigma_oracle=False, **_) -> nn.Module:
+    conv = SigmaOracleConv2d if sigma_oracle else NormPropConv2d
+    return conv(i, o, k, s, p, activation=None, jacobian=jacobian)
 
 
 # NormProp, twice: the ICML form (eq. 11: divide by the Jacobian factor) and the arXiv form (gamma
@@ -68,6 +71,8 @@ class NINConfig:
     data_init: bool = False  # weightnorm: Salimans and Kingma's data-dependent initialisation
     classifier: str = "own"  # own: the norm's classifier conv | plain: the same plain conv for every norm
     freeze_affine: bool = False  # gamma and beta (NormProp's, a norm layer's weight and bias) stay at their init
+    sigma_oracle_every: int = 0  # > 0: NormProp divides by sqrt(W_i^T Sigma W_i) / sigma (nn.oracle), Sigma
+    # refreshed on a held-out batch every this many training steps; 0: off (NormProp's ||W_i||)
 
     @classmethod
     def from_dict(cls, options: dict) -> NINConfig:
@@ -96,6 +101,10 @@ class NINConfig:
             return f"model.classifier={self.classifier} is not known; use one of {', '.join(CLASSIFIERS)}"
         if self.data_init and self.norm != "weightnorm":
             return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
+        if not isinstance(self.sigma_oracle_every, int) or self.sigma_oracle_every < 0:
+            return f"model.sigma_oracle_every must be a whole number, 0 or more, got {self.sigma_oracle_every}"
+        if self.sigma_oracle_every and self.norm != "normprop":
+            return "model.sigma_oracle_every is NormProp's (its division by ||W_i||); use model.norm=normprop or 0"
         return None
 
 
@@ -110,6 +119,15 @@ def feature_sizes(image_size: int = 32) -> list[tuple[str, int]]:
         size = (size + 2 * pad - kernel) // stride + 1
         out.append((kind, size))
     return out
+
+
+def _min_image_size() -> int:
+    """The smallest side every layer of ARCHITECTURE has an output for (29: 29 -> 15 -> 8 -> 4 -> 8 -> 1);
+    a smaller input fails in pooling ("Output size is too small")."""
+    return next(n for n in range(1, 1024) if all(size >= 1 for _, size in feature_sizes(n)))
+
+
+MIN_IMAGE_SIZE = _min_image_size()  # NIN.forward refuses a smaller height or width at once
 
 
 def values_per_channel(norm: str, batch_size: int, image_size: int = 32) -> int | None:
@@ -135,7 +153,8 @@ def affine_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 class NIN(nn.Module):
-    """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32].
+    """Network in Network of the paper, logits [N, num_classes] from [N, in_channels, 32, 32]; an input
+    under MIN_IMAGE_SIZE (29) a side is a ValueError.
 
     NIN(10, 3, "normprop", 0.25) or NIN(norm="batchnorm", activation="tanh"): `norm`, `width`,
     `activation` and any other NINConfig field given replace those of `config` (default NINConfig()).
@@ -164,6 +183,8 @@ class NIN(nn.Module):
         factories, width, norm = NORMS[config.norm], config.width, config.norm
         options = {"activation": config.activation, "jacobian": config.jacobian, "width": width,
                    "renorm": dict(config.renorm)}  # fmt: skip
+        if config.sigma_oracle_every:  # only then: the other norms' factories never see the option
+            options["sigma_oracle"] = True
         layers, channels, n_conv, n_pool = [], in_channels, 0, 0
         for kind, *spec in ARCHITECTURE:
             if kind == "P":
@@ -191,6 +212,9 @@ class NIN(nn.Module):
         self.config, self.norm, self.num_classes, self.activation = config, norm, num_classes, config.activation
         self.data_init = config.data_init  # weightnorm: Salimans and Kingma's initialisation, `initialize`
         self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]
+        if config.sigma_oracle_every:  # the held-out batch and the refresh before every n-th training step
+            self.sigma_oracle = SigmaOracle(config.sigma_oracle_every)
+            self.register_forward_pre_hook(self.sigma_oracle.before_forward)
 
     def initialize(self, x: Tensor) -> None:
         """The data-dependent initialisation, where the model has one (`data_init`), on the batch x."""
@@ -217,6 +241,11 @@ class NIN(nn.Module):
         return cache[key]
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim >= 2 and min(x.shape[-2], x.shape[-1]) < MIN_IMAGE_SIZE:  # shapes are ints: no sync
+            raise ValueError(
+                f"NIN takes images of at least {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} (its pooling leaves nothing of "
+                f"a smaller one), got {x.shape[-2]}x{x.shape[-1]}; resize or pad the input (e.g. to 32x32)"
+            )
         if self._folded and self._folded[0]._folded_ok(x):
             shares = fold_layers(self._folded, self._roads(x))  # eq. 11, all layers at once
             for layer, share in zip(self._folded, shares, strict=True):

@@ -130,8 +130,8 @@ class BatchRenorm2d(nn.BatchNorm2d):
         self.num_batches_tracked.add_(1)
         if self.momentum is None:
             factor = 1.0 / self.num_batches_tracked.to(mean.dtype)
-        else:
-            factor = torch.tensor(float(self.momentum), dtype=mean.dtype, device=mean.device)
+        else:  # a Python float: no tensor made from it per step (a host-to-device copy, not capturable)
+            factor = float(self.momentum)
         unbiased = var * (n / max(n - 1, 1))
         self.running_mean.lerp_(mean, factor)
         self.running_var.lerp_(unbiased, factor)

@@ -181,10 +181,25 @@ def register_activation(
     derivative: Callable[[Tensor], Tensor] | None = None,
     breakpoints: tuple[float, ...] = (0.0,),
     closed_form: Callable[[], ActivationStats] | None = None,
+    *,
+    replace: bool = False,
 ) -> None:
-    """Make `name` usable as `activation=` in the layers; stats by quadrature unless closed_form."""
+    """Make `name` usable as `activation=` in the layers; stats by quadrature unless closed_form.
+
+    A name already registered (relu, tanh, ... or one of yours) is refused unless `replace=True`:
+    layers built with it would otherwise change their statistics behind your back.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register_activation: name must be a non-empty string, got {name!r}")
     if name in PARAMETRIC:
         raise ValueError(f"{name!r} is built in and parametric")
+    for arg, value in (("fn", fn), ("derivative", derivative), ("closed_form", closed_form)):
+        if not callable(value) and (arg == "fn" or value is not None):
+            raise TypeError(f"register_activation({name!r}, ...): {arg} must be callable, got {type(value).__name__}")
+    if name in ACTIVATIONS and not replace:
+        raise ValueError(
+            f"activation {name!r} is already registered; pass replace=True to register_activation to replace it"
+        )
     ACTIVATIONS[name] = Activation(fn, derivative, tuple(breakpoints), closed_form)
     _numerical_stats.cache_clear()
 
@@ -197,6 +212,16 @@ def _numerical_stats(name: str) -> ActivationStats:
 
 def activation_stats(name: str, slope: Scalar = 0.25) -> ActivationStats:
     """Statistics of a registered activation by name; `slope` is used by "prelu" only."""
+    if not isinstance(name, str):  # e.g. activation=torch.relu: a function is registered under a name first
+        known = ", ".join(sorted([*ACTIVATIONS, *PARAMETRIC]))
+        called = getattr(name, "__name__", None) if callable(name) else None
+        given = f"the function {called!r}" if called else type(name).__name__
+        if called in ACTIVATIONS:  # torch.relu, F.relu: the built-in has a name
+            given += f' (built in as activation="{name.__name__}")'
+        raise ValueError(
+            f"activation must be a registered name ({known}), got {given}; to use another, register it first: "
+            f'register_activation("name", fn), then activation="name" (normprop.register_activation)'
+        )
     if name == "prelu":
         return prelu_stats(slope)
     if name not in ACTIVATIONS:

@@ -15,8 +15,10 @@ rule.py      the claims, the rule and the estimates (the statistics)
 measures.py  each claim's per-seed table from its experiment's CSVs (MEASURES)
 sources.py   where the results are, how they were made, how that departs from the paper's protocol
 tabulate.py  the table and verdicts.csv
+divergence.py  how many runs of a sweep diverged, at which rates: a verdict "inconclusive: N of M runs diverged"
 """
 
+from normprop_cli.verdicts.divergence import ALL_DIVERGED, Divergence, divergence, is_diverged_verdict
 from normprop_cli.verdicts.measures import EARLY_EPOCHS, MEASURES, Measurement, NotMeasured, early_epochs
 from normprop_cli.verdicts.rule import (
     AGREE,
@@ -50,6 +52,7 @@ from normprop_cli.verdicts.tabulate import COLUMNS, judge, margin_of, table, wri
 
 __all__ = [
     "AGREE",
+    "ALL_DIVERGED",
     "COLUMNS",
     "EARLY_EPOCHS",
     "EQUIVALENCE",
@@ -64,15 +67,18 @@ __all__ = [
     "REPRODUCED",
     "SUPERIORITY",
     "Claim",
+    "Divergence",
     "Estimate",
     "Measurement",
     "NotMeasured",
     "absolute_margin",
     "claims",
+    "divergence",
     "early_epochs",
     "final_verdict",
     "halves",
     "halves_check",
+    "is_diverged_verdict",
     "judge",
     "level_of",
     "margin_of",

@@ -18,6 +18,25 @@ INPUTS = {  # how a data set's images enter the NIN, where that is not the paper
 }
 
 
+def paper_epochs(paper) -> str:
+    """'the paper's protocol has 50 (halved every 10)', or, where the paper preset gives each batch size its
+    own (experiment.epochs), 'the paper preset has 2, 6, 20 and 20 (halved every 1, 2, 5 and 5) at batch 1,
+    10, 50 and 100'."""
+    per = paper.experiment.get("epochs")
+    if per is None or isinstance(per, int | str):
+        return f"the paper's protocol has {paper.train.epochs} (halved every {paper.train.lr_halve_every})"
+
+    def listed(values) -> str:
+        values = [str(v) for v in values]
+        return ", ".join(values[:-1]) + f" and {values[-1]}" if len(values) > 1 else values[0]
+
+    halves = paper.experiment.get("lr_halve_every") or [paper.train.lr_halve_every] * len(per)
+    return (
+        f"the paper preset has {listed(per)} (halved every {listed(halves)}) at batch "
+        f"{listed(paper.experiment.batch_sizes)}"
+    )
+
+
 def departures(experiment: str, prov: dict, directory: Path | None = None) -> list[str]:
     """Plain sentences wherever a run departs from the paper's protocol."""
     return [sentence for _, sentence in found(experiment, prov, directory)]
@@ -49,8 +68,7 @@ def found(experiment: str, prov: dict, directory: Path | None = None) -> list[tu
         each = [f"{e} (the rate halved every {h})" for e, h in schedules]
         each = ", ".join(each[:-1]) + f" or {each[-1]}"
         out.append((f"{epochs_text(prov)} of the paper's {paper.train.epochs} epochs",
-                    f"Epochs per setting: {each}; the paper's protocol has {paper.train.epochs} (halved every "
-                    f"{paper.train.lr_halve_every})."))  # fmt: skip
+                    f"Epochs per setting: {each}; {paper_epochs(paper)}."))  # fmt: skip
     else:
         ((epochs, halve_every),) = schedules
         if epochs != paper.train.epochs:

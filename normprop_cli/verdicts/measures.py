@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from normprop_cli import config
 from normprop_cli.outcomes import NEAR_CHANCE, diverged, learned_flags
 from normprop_cli.statistics import format_ci
+from normprop_cli.verdicts.divergence import summary_of, without_diverged
 from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_by_epoch, paired_gaps, worst_per_seed
 from normprop_cli.verdicts.rule import (
     RESAMPLES,
@@ -59,9 +60,10 @@ def read(path: Path, columns) -> pd.DataFrame:
     if not path.exists():
         raise NotMeasured(f"no {path.name}")
     frame = pd.read_csv(path)
-    lacking = [c for c in columns if c not in frame.columns]
-    if lacking:
+    if lacking := [c for c in columns if c not in frame.columns]:
         raise NotMeasured(f"{path.name} has no column(s) {', '.join(lacking)}: rerun the experiment")
+    if not len(frame):  # e.g. epochs.csv of runs that all diverged in their first epoch
+        raise NotMeasured(f"{path.name} has no rows")
     return frame
 
 
@@ -209,12 +211,12 @@ def logit_error(accuracy: pd.Series) -> pd.Series:
 
 
 def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    epochs = read(sweep / "epochs.csv", ["method", "seed", "epoch", "test_acc"])
+    summary = summary_of(sweep)  # a diverged run's epochs are counted apart, as every claim counts it
+    epochs = without_diverged(read(sweep / "epochs.csv", ["method", "seed", "epoch", "test_acc"]), summary)
     wanted = early_epochs(prov)
-    window = min(wanted, int(epochs["epoch"].max()))
-    early = epochs[
-        (epochs["epoch"] >= 1) & (epochs["epoch"] <= window) & epochs["method"].isin(["normprop", "batchnorm"])
-    ]
+    window = min(wanted, int(epochs["epoch"].max())) if len(epochs) else wanted
+    methods = epochs["method"].isin(["normprop", "batchnorm"])
+    early = epochs[(epochs["epoch"] >= 1) & (epochs["epoch"] <= window) & methods]
     early = early.assign(value=logit_error(early["test_acc"]))
     table = early.groupby(["method", "seed"], as_index=False)["value"].mean()
     if set(table["method"]) != {"normprop", "batchnorm"}:
@@ -228,8 +230,7 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     notes.append(f"on the accuracy scale, mean (sd over seeds) of the early accuracy: {scale}")
     if window < wanted:
         notes.append(f"the runs have only {window} epoch(s); the window is cut to them")
-    if (sweep / "summary.csv").exists():
-        notes += learned_note(pd.read_csv(sweep / "summary.csv"))
+    notes += learned_note(summary) + diverged_note(summary, "setting")
     test = f"percentile bootstrap, {RESAMPLES:,} resamples, methods resampled independently"
     return Measurement(table, spread_difference, test, {"window": f"1-{window}"}, notes)
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from normprop_cli import hints, io
 from normprop_cli.verdicts.departures import protocol_note
+from normprop_cli.verdicts.divergence import Divergence, divergence
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
 from normprop_cli.verdicts.rule import (
     INCONCLUSIVE,
@@ -86,9 +87,13 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
     for sweep in dirs:
         prov = provenance(sweep)
         row = head | {"dataset": prov.get("dataset", sweep.name), "preset": prov.get("preset", preset)}
+        gone = divergence(sweep)
         try:
             m = MEASURES[claim.id](claim, sweep, prov)
         except NotMeasured as exc:
+            if gone:  # the diverged runs left nothing to measure: no rerun of this version cures that
+                rows.append(row | diverged_row(gone, prov))
+                continue
             command = hints.command("run", claim.experiment, preset=row["preset"], results_dir=results)
             note = f"{exc}; `{command}` with this version produces it"
             rows.append(row | {"verdict": NOT_MEASURED, "note": note})
@@ -100,8 +105,19 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         elif prov:
             row["budget"] = budget(prov)
             notes += protocol_note(claim.experiment, prov)
-        rows.append(row | {"metric": claim.metric.format(**m.metric)} | judge(claim, m) | {"note": "; ".join(notes)})
+        judged = judge(claim, m)
+        if gone and not judged["n_seeds"]:
+            rows.append(row | diverged_row(gone, prov))
+            continue
+        rows.append(row | {"metric": claim.metric.format(**m.metric)} | judged | {"note": "; ".join(notes)})
     return rows
+
+
+def diverged_row(gone: Divergence, prov: dict) -> dict:
+    """The verdict "inconclusive: N of M runs diverged" of a sweep whose diverged runs (every run, or
+    every run of a setting the claim compares) leave no seed to measure the claim on."""
+    note = f"{gone.text()}; no seed left to measure the claim on: a rate at which the runs do not diverge measures it"
+    return {"verdict": gone.verdict(), "note": note} | ({"budget": budget(prov)} if prov else {})
 
 
 def tree_preset(results: Path) -> str:

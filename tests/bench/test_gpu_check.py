@@ -1,5 +1,6 @@
-"""`normprop gpu-check`: on a machine without CUDA one line, exit 2, nothing run or written; its
-pipeline (tests, steps, epochs, summary) on the CPU, with the GPU check stood in for."""
+"""`normprop gpu-check`: on a machine without CUDA one line, exit 2, nothing run or written; its items
+on the CPU, with the GPU check stood in for (the CUDA-only readings answer "not measured"), its time cap,
+its summary, and the kill-and-resume of a real run in subprocesses."""
 
 import shutil
 import subprocess
@@ -9,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli import bench, config
-from normprop_cli.bench import gpu_check
-from normprop_cli.bench import timing as bench_timing
+from normprop_cli import config
+from normprop_cli.bench import gpu_check, gpu_items
+from normprop_cli.experiments import grid, plan
 
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run make gpu-check")
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,35 +41,90 @@ def test_make_gpu_check_runs_the_command():
     assert dry.returncode == 0 and dry.stdout.strip() == ".venv/bin/normprop gpu-check"
 
 
-@no_gpu_only
-def test_the_pipeline_on_the_cpu_writes_every_file(tmp_path, monkeypatch):
-    """Stand-ins: the CPU for the GPU, a tiny NIN and data set, pytest's answer. The CUDA graph
-    options cannot run on a CPU: those rows are left out and named, and the exit status is 1."""
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """Stand-ins: the CPU for the GPU, a tiny NIN, pytest's answer for the CUDA tests."""
     load = config.load
     monkeypatch.setattr(config, "load", lambda *a, **k: load(*a, **k, overrides=["model.width=0.0625"]))
     monkeypatch.setattr(gpu_check, "cuda_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(gpu_check, "CIFAR_SIZES", (100, 20, 20))
-    monkeypatch.setattr(bench, "choose_precisions", lambda dev, p=None: (("float32",), ""))
     done = subprocess.CompletedProcess([], 0, stdout="....\n9 passed in 3.10s\n", stderr="")
-    real_run = subprocess.run  # the CUDA tests' pytest answers `done`; anything else (uname) runs
+    real_run = subprocess.run  # the CUDA tests' pytest answers `done`; anything else runs
 
     def run(args, *a, **k):
         return done if "pytest" in " ".join(map(str, args)) else real_run(args, *a, **k)
 
     monkeypatch.setattr(gpu_check.subprocess, "run", run)
-    methods = ("none", "normprop-icml")
-    code = gpu_check.run_gpu_check(tmp_path, methods, budget_s=0.01, batch_sizes=(2,), widths=(0.0625,))
+
+
+def one_run_plan(times, results_dir):
+    """A stand-in for reproduce-all --preset paper: one smoke run, priced by `times`."""
+    cfg = grid.load("table1", preset="smoke", overrides=["grid=[{id: a, set: {}}]"], results_dir=str(results_dir))
+    return plan.table([plan.plan_experiment(cfg)], times, total=True)
+
+
+@no_gpu_only
+def test_every_item_runs_on_the_cpu_and_the_summary_says_each_passed(tmp_path, on_the_cpu, monkeypatch):
+    resumed = gpu_items.Item("resume", True, "stood in for (its own test runs it)")
+    monkeypatch.setattr(gpu_items, "resumed_run", lambda experiment, *a, **k: resumed)
+    code = gpu_check.run_gpu_check(tmp_path, ("none", "normprop-icml"), budget_s=0.01, batch_sizes=(2,),
+                                   widths=(0.0625,), project=one_run_plan)  # fmt: skip
     out = tmp_path / "bench" / "gpu"
-    assert code == 1
-    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.md", "bench.csv", "cuda_tests.txt", "epochs.csv"]
-    steps = pd.read_csv(out / "bench.csv")
-    assert list(steps.columns) == bench_timing.COLUMNS and list(steps["method"]) == list(methods)
-    assert set(steps["options"]) == {"plain"} and steps["finite"].all()
-    epochs = pd.read_csv(out / "epochs.csv")
-    assert list(epochs["method"]) == list(methods) and (epochs["batch_size"] == 50).all()
-    assert (epochs["train_images_per_s"] > 0).all()
     summary = (out / "SUMMARY.md").read_text()
+    assert code == 0, summary
+    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.md", "bench.csv", "cuda_tests.txt", "plan.csv",
+                                                    "step_times.csv"]  # fmt: skip
+    for item in ("cuda-tests", "methods", "memory", "syncs", "cpu-agreement", "projection", "bench"):
+        assert f"| {item} | pass |" in summary, item
     assert "9 passed in 3.10s (exit status 0)" in summary
-    assert "| width | batch | precision | options | none | normprop-icml |" in summary
-    assert "- none (channels_last+cuda_graph, float32): " in summary
-    assert "9 passed" in (out / "cuda_tests.txt").read_text()
+    assert "- none: eager (the options ask for no CUDA graph)" in summary
+    assert "largest relative loss gap 0.00e+00" in summary  # the CPU against itself
+    assert list(pd.read_csv(out / "bench.csv")["method"].unique()) == ["none", "normprop-icml"]
+    assert pd.read_csv(out / "plan.csv")["experiment"].tolist() == ["table1", "total"]
+    assert set(pd.read_csv(out / "step_times.csv")["method"]) == {"normprop-icml"}
+
+
+@no_gpu_only
+def test_the_time_cap_fails_the_items_it_leaves_out(tmp_path, on_the_cpu):
+    code = gpu_check.run_gpu_check(tmp_path, ("none",), project=one_run_plan, cap_s=0.0)
+    summary = (tmp_path / "bench" / "gpu" / "SUMMARY.md").read_text()
+    assert code == 1
+    assert summary.count("| FAIL |") == 8 and "not run: the 0 s cap left 0 s" in summary
+    assert "**0 of 8 items passed** (exit status 1)" in summary
+
+
+def test_the_summary_gives_pass_or_fail_per_item_and_their_details():
+    found = [gpu_items.Item("methods", True, "14 of 14 methods step", ["- none: graph"], 2.0),
+             gpu_items.Item("syncs", False, "some per step", ["- online: 2 per step"], 1.0)]  # fmt: skip
+    text = gpu_check.summarise(torch.device("cpu"), found, 480.0, 3.0)
+    assert "**1 of 2 items passed** (exit status 1) in 3 s of the 480 s cap." in text
+    assert "| methods | pass | 2 | 14 of 14 methods step |" in text and "| syncs | FAIL | 1 | some per step |" in text
+    assert "## syncs\n\n- online: 2 per step" in text
+
+
+def test_an_item_that_raises_fails_alone_and_a_timed_out_test_run_says_so(tmp_path, monkeypatch):
+    [item] = gpu_items.attempt("x", lambda: 1 / 0)
+    assert not item.passed and item.line.startswith("ZeroDivisionError")
+
+    def slow(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output="..\n", stderr="")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", slow)
+    item = gpu_check.cuda_tests_item(tmp_path, 5.0)
+    assert not item.passed and "timed out after 5 s" in item.line and "(exit status 124)" in item.line
+
+
+def test_syncs_are_counted_only_on_cuda():
+    calls = []
+    assert gpu_items.count_syncs(lambda: calls.append(1), torch.device("cpu")) == 0 and calls == [1]
+
+
+def test_a_run_killed_after_its_first_epoch_resumes_to_completion(tmp_path):
+    """The real path in subprocesses, on the CPU: table1 (flips on two of its four runs) on CIFAR-10 pickles
+    written on the spot, killed once a first epoch's manifest is there, run again."""
+    data = gpu_items.write_cifar10(tmp_path / "data", per_file=60, n_test=50)
+    results = tmp_path / "results"
+    item = gpu_items.resumed_run("table1", data, results, "cpu", 120.0, ["model.width=0.0625"])
+    assert item.passed, item.line
+    manifests = gpu_items.manifests(results, "table1")
+    assert len(manifests) == 4 and all(m["status"] == "complete" and m["epochs_done"] == 2 for m in manifests)
+    assert "run(s) unfinished" in item.line and "completed all 4" in item.line

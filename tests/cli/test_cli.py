@@ -102,3 +102,28 @@ def test_cuda_without_a_gpu_is_a_one_line_error(cli):
         pytest.skip("this machine has a GPU")
     result = cli("run", "table1", "--preset", "smoke", "--device", "cuda", "--results-dir", cli.results)
     assert result.exit_code == 2 and "no CUDA GPU" in result.output
+
+
+@pytest.mark.parametrize("command", [["run", "table1"], ["reproduce-all"]])
+def test_deterministic_reaches_the_config_and_the_device_setup(cli, monkeypatch, command):
+    """`--deterministic` sets the config's `deterministic` (false by default), which the sweep hands to
+    the one place device settings are made (device.prepare: stubbed here, tests/test_device.py checks it).
+    reproduce-all is stopped after its first experiment's config."""
+    from normprop_cli import cli as commands
+    from normprop_cli import device
+    from normprop_cli.errors import UserError
+
+    assert config.load("table1", preset="smoke").deterministic is False
+    composed, prepared, compose = [], [], commands.compose
+
+    def recorded(*args, **kwargs):
+        composed.append(compose(*args, **kwargs))
+        if command[0] == "reproduce-all":
+            raise UserError("stopped after the first config")
+        return composed[-1]
+
+    monkeypatch.setattr(commands, "compose", recorded)
+    monkeypatch.setattr(device, "prepare", lambda dev, deterministic=False: prepared.append(deterministic))
+    result = cli(*command, "--preset", "smoke", "--quiet", "--deterministic", "--results-dir", cli.results)
+    assert [cfg.deterministic for cfg in composed] == [True], result.output
+    assert prepared == ([True] if command[0] == "run" else []), result.output

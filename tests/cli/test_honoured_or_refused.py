@@ -101,3 +101,48 @@ def test_a_results_dir_that_cannot_be_written_is_a_one_line_error(cli, tmp_path)
     result = cli("run", "convergence", *SMOKE, "--seeds", "1", "--results-dir", blocker / "results")
     one_line_error(result, "cannot write results in", "--results-dir")
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("plus", ["+", "++"])
+@pytest.mark.parametrize(
+    "override,meant",
+    [("train.epoch=3", "train.epochs=3"), ("epochs=3", "train.epochs=3"), ("model.widht=8", "model.width=8")],
+)
+def test_a_plus_override_of_a_key_the_config_lacks_is_refused_like_a_typo(cli, plus, override, meant):
+    """Hydra's `+key=value` would add the key and train without it; refused as the same typo without `+` is."""
+    result = cli("run", "convergence", *SMOKE, "--seeds", "1", plus + override, "--results-dir", cli.results)
+    key = override.split("=")[0]
+    one_line_error(result, f"unknown key '{key}'", f"did you mean `{meant}`?")
+    assert not cli.results.exists()
+
+
+def test_a_plus_override_of_a_key_the_config_has_is_refused(cli):
+    """`+train.epochs=1`: Hydra cannot add a key that exists; a one-line error, nothing written."""
+    result = cli("run", "convergence", *SMOKE, "--seeds", "1", "+train.epochs=1", "--results-dir", cli.results)
+    one_line_error(result, "bad override")
+    assert not cli.results.exists()
+
+
+def test_version_prints_the_package_version_and_exits_0(cli):
+    import normprop_cli
+
+    result = cli("--version")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"normprop {normprop_cli.__version__}"
+
+
+def test_list_aligns_each_groups_descriptions_two_spaces_after_its_longest_name(cli):
+    result = cli("list")
+    assert result.exit_code == 0, result.output
+    groups: dict[str, list[str]] = {}
+    for line in result.output.splitlines():
+        if not line.startswith("  "):
+            groups[line] = []
+        groups[list(groups)[-1]] += [line] if line.startswith("  ") else []
+    assert len(groups) == 4 and all(groups.values()), list(groups)
+    for heading, rows in groups.items():
+        names = [row.split()[0] for row in rows]
+        column = 2 + max(map(len, names)) + 2
+        for row, name in zip(rows, names, strict=True):
+            assert row[:column] == f"  {name}".ljust(column) and row[column] != " ", (heading, row)
+    assert "README" not in result.output  # configs point at docs/performance.md, not a README heading

@@ -50,6 +50,9 @@ def test_translate_batch_moves_each_image_by_its_shift_with_zero_fill():
     assert (out[1][:, :2] == 0).all() and (out[1][:, :, -1:] == 0).all()  # what came from outside is 0
     assert torch.equal(out[2][:, :-3, 3:], x[2][:, 3:, :-3])  # up 3, right 3
     assert torch.equal(x, images(3))  # the input is untouched
+    for bound in (3, 5):  # a known bound on the shifts (the trainer's: no read-back of the largest) changes nothing
+        assert torch.equal(translate_batch(x, shifts, bound), out)
+        assert torch.equal(augment_batch(x, shifts, bound), out)
 
 
 def test_translation_keeps_labels_and_shapes_in_a_training_epoch():

@@ -2,6 +2,7 @@
 never its results silently."""
 
 import json
+import math
 
 import pandas as pd
 import torch
@@ -22,13 +23,13 @@ def truncate(file):
 def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, tmp_path, interrupt_at):
     assert cli(*ARGS, "--results-dir", tmp_path / "a").exit_code == 0
     a = run_path(tmp_path / "a")
-    assert torch.load(a / "checkpoint.prev.pt", weights_only=True)["epoch"] == 2  # the one before the last
     assert not (a / "train.lock").exists()
 
     # Ctrl-C in the third epoch, then the newest checkpoint (epoch 2) is cut short.
     assert interrupt_at(10, lambda: cli(*ARGS, "--results-dir", tmp_path / "b")).exit_code == 130
     b = run_path(tmp_path / "b")
     assert json.loads((b / "manifest.json").read_text())["epochs_done"] == 2
+    assert torch.load(b / "checkpoint.prev.pt", weights_only=True)["epoch"] == 1  # the one before the newest
     truncate(b / "checkpoint.pt")
     result = cli(*ARGS, "--results-dir", tmp_path / "b")
     assert result.exit_code == 0, result.output
@@ -41,6 +42,28 @@ def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, 
     pd.testing.assert_frame_equal(metrics_a, metrics_b, check_exact=True)
     wa, wb = (torch.load(p / "checkpoint.pt", weights_only=True)["model"] for p in (a, b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_finished_run_keeps_its_checkpoint_but_not_the_one_before(cli, tmp_path, monkeypatch):
+    """checkpoint.prev.pt is kept while a run is unfinished (a damaged newest checkpoint falls back to it);
+    a complete or a diverged run deletes it, and so does a finished run's next sweep where one is left."""
+    from normprop_cli.engine import trainer
+
+    assert cli(*ARGS, "--results-dir", tmp_path / "c").exit_code == 0
+    epoch = trainer.train_epoch  # the third epoch's loss is NaN: the run diverges there
+    monkeypatch.setattr(
+        trainer, "train_epoch", lambda run, *a: epoch(run, *a) | ({"train_loss": math.nan} if run.epoch == 2 else {})
+    )
+    assert cli(*ARGS, "--results-dir", tmp_path / "d").exit_code == 0
+    for results, status in (("c", "complete"), ("d", "diverged")):
+        path = run_path(tmp_path / results)
+        assert json.loads((path / "manifest.json").read_text())["status"] == status
+        assert (path / "checkpoint.pt").exists() and not (path / "checkpoint.prev.pt").exists()
+    path = run_path(tmp_path / "c")
+    (path / "checkpoint.prev.pt").write_bytes((path / "checkpoint.pt").read_bytes())  # as finished runs left it before
+    (path / "metrics.csv").unlink()  # a finished run that its sweep opens again (to rebuild its table)
+    assert cli(*ARGS, "--results-dir", tmp_path / "c").exit_code == 0
+    assert not (path / "checkpoint.prev.pt").exists() and (path / "metrics.csv").exists()
 
 
 def test_a_run_whose_every_checkpoint_is_damaged_is_a_one_line_error(cli, interrupt_at):
@@ -113,7 +136,7 @@ def test_damaged_metrics_without_a_checkpoint_is_a_one_line_error(cli, tmp_path)
     path = run_path(tmp_path)
     (path / "metrics.csv").write_bytes(b"\xff\xfe\x00garbage")
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
-        (path / name).unlink()
+        (path / name).unlink(missing_ok=True)  # a finished run keeps no checkpoint.prev.pt
     result = cli(*ARGS, "--results-dir", tmp_path)
     assert result.exit_code == 2
     [line] = result.output.strip().splitlines()

@@ -1,6 +1,8 @@
 """engine.job.validate: a run's impossible settings are refused before anything trains or is written."""
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from normprop_cli import config
 from normprop_cli.engine import expand_grid, job
@@ -8,9 +10,12 @@ from normprop_cli.errors import UserError
 
 
 def spec_of(*overrides, setting="normprop"):
-    """A run of convergence's smoke grid (normprop, batchnorm)."""
-    specs = expand_grid(config.load("convergence", preset="smoke", overrides=list(overrides)))
-    return next(s for s in specs if s.setting == setting)
+    """A run of convergence's smoke grid (normprop, batchnorm). A `+key=value` is added after composing:
+    config refuses keys it lacks, so only a config built in Python brings one to job.validate."""
+    cfg = config.load("convergence", preset="smoke", overrides=[o for o in overrides if not o.startswith("+")])
+    for key, value in (o[1:].split("=", 1) for o in overrides if o.startswith("+")):
+        OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
+    return next(s for s in expand_grid(cfg) if s.setting == setting)
 
 
 def test_batch_statistics_with_one_value_per_channel_are_refused_before_training(monkeypatch):

@@ -135,6 +135,24 @@ def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli):
     assert result.exit_code == 2 and "model.width" in result.output
 
 
+def test_how_a_step_runs_may_change_when_a_run_goes_on(cli):
+    """channels_last, compile and cuda_graph say how a step runs, not what it computes: like the device,
+    they may differ from a run's config.yaml (runs trained when cuda_graph's default was false go on
+    under auto); anything that trains is still refused."""
+    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    path = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0"
+    stored = (path / "config.yaml").read_text()
+    assert "cuda_graph: auto" in stored
+    (path / "config.yaml").write_text(stored.replace("cuda_graph: auto", "cuda_graph: false"))
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps(manifest | {"status": "running"}))
+    result = cli("run", "table1", *SMOKE, "train.epochs=1", "train.channels_last=false", "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    assert json.loads((path / "manifest.json").read_text())["status"] == "complete"
+    result = cli("run", "table1", *SMOKE, "train.epochs=1", "train.amp=true", "--results-dir", cli.results)
+    assert result.exit_code == 2 and "train.amp" in result.output
+
+
 def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
     """Augmentation: flips for CIFAR, translations for digits, none for SVHN (asking for it is refused)."""
     from normprop_cli import config

@@ -2,11 +2,13 @@
 
 import os
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from normprop_cli import config
 from normprop_cli.data import make_data_norm, to_float
 from normprop_cli.engine.step import (
     PHASES,
@@ -19,6 +21,8 @@ from normprop_cli.engine.step import (
     set_lr,
 )
 from normprop_cli.nn import NIN, constrain_unit_norm_
+from normprop_cli.nn.layers import has_normprop_layers
+from normprop_cli.nn.methods import METHODS, model_options, settings
 
 LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
 
@@ -149,9 +153,72 @@ def test_options_from_config():
     t = OmegaConf.create({"channels_last": True, "amp": False, "compile": False, "cuda_graph": True})
     assert StepOptions.from_cfg(t, torch.device("cpu")) == StepOptions(channels_last=True)
     assert StepOptions.from_cfg(OmegaConf.create({}), torch.device("cpu")) == StepOptions()
-    auto = OmegaConf.create({"channels_last": "auto"})
-    assert StepOptions.from_cfg(auto, torch.device("cpu")).channels_last
-    assert not StepOptions.from_cfg(auto, torch.device("cuda")).channels_last
+    auto = OmegaConf.create({"channels_last": "auto", "cuda_graph": "auto"})
+    assert StepOptions.from_cfg(auto, torch.device("cpu")) == StepOptions(channels_last=True)
+    assert StepOptions.from_cfg(auto, torch.device("cuda")) == StepOptions(cuda_graph=True)
+    assert not StepOptions.from_cfg(OmegaConf.merge(auto, {"compile": True}), torch.device("cuda")).cuda_graph
+    default = OmegaConf.load(config.conf_dir() / "config.yaml").train  # the graph by default on CUDA
+    assert StepOptions.from_cfg(default, torch.device("cuda")).cuda_graph
+    assert not StepOptions.from_cfg(default, torch.device("cpu")).cuda_graph
+
+
+def test_a_failed_cuda_graph_capture_goes_on_eagerly_with_the_same_numbers_and_one_line(monkeypatch, capsys):
+    """Capture that fails (here after two warm-up steps, as a refused operation would) puts the model,
+    data normalisation and optimizer back, says so in one line naming the method and the reason, and
+    every step runs eagerly: bit for bit the steps of the plain Step (CPU: capture is made to fail)."""
+
+    def refused(self, x, y, saved):
+        for _ in range(2):
+            self.step(x, y)
+        raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors ...")
+
+    monkeypatch.setattr(GraphedStep, "_capture", refused)
+    xs, ys = batches(n=4)
+    out = {}
+    for graphed in (False, True):
+        model, data_norm, opt = setup("batchnorm")
+        step = make_step(model, data_norm, opt, False, StepOptions(), name="batchnorm")
+        step = GraphedStep(step, name="batchnorm") if graphed else step
+        losses = []
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            set_lr(opt, LR if i < 2 else LR / 2)
+            losses.append(step(x, y)[0])
+        out[graphed] = losses, model.state_dict(), opt.state_dict()
+        assert not graphed or (step.eager and step.graph is None)
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == "cuda_graph: batchnorm: capture failed (operation not permitted when stream is capturing); " \
+        "its steps run eagerly"  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(out[False][0], out[True][0], strict=True))
+    for a, b in zip(out[False][1].values(), out[True][1].values(), strict=True):
+        assert torch.equal(a, b)
+    eager, fallen = out[False][2], out[True][2]
+    assert eager["param_groups"] == fallen["param_groups"] and eager["state"].keys() == fallen["state"].keys()
+    for k, s in eager["state"].items():
+        assert torch.equal(s["momentum_buffer"], fallen["state"][k]["momentum_buffer"])
+
+
+def test_a_run_whose_capture_fails_trains_as_an_eager_run(cli, monkeypatch):
+    """Through the trainer: a run with the graph on (on the CPU by force) whose capture fails gives
+    the eager run's metrics and weights, and one line naming the run's method."""
+    from normprop_cli.engine import trainer
+
+    grid = "grid=[{id: r, set: {model.norm: batchrenorm}}]"
+    args = ["--preset", "smoke", "--quiet", "train.epochs=2", "train.channels_last=false", grid]
+    eager = cli("run", "table1", *args, "--results-dir", cli.results / "eager")
+    assert eager.exit_code == 0, eager.output
+    graphed = StepOptions(cuda_graph=True)
+    monkeypatch.setattr(trainer.StepOptions, "from_cfg", classmethod(lambda cls, t, device: graphed))
+    monkeypatch.setattr(GraphedStep, "_capture", lambda self, x, y, saved: 1 / 0)
+    fallen = cli("run", "table1", *args, "--results-dir", cli.results / "graph")
+    assert fallen.exit_code == 0, fallen.output
+    [line] = [line for line in fallen.output.splitlines() if "capture failed" in line]
+    assert line.startswith("cuda_graph: batchrenorm: capture failed (division by zero)")
+    runs = [cli.results / d / "table1" / "synthetic" / "runs" / "r-s0" for d in ("eager", "graph")]
+    timing = ["train_seconds", "images_per_second", "epoch_seconds"]
+    a, b = (pd.read_csv(r / "metrics.csv").drop(columns=timing) for r in runs)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    wa, wb = (torch.load(r / "checkpoint.pt", weights_only=True)["model"] for r in runs)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_set_lr_fills_a_tensor_in_place_and_sets_a_float():
@@ -200,6 +267,29 @@ def test_cuda_graph_replays_the_eager_steps_exactly(norm):
     assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
     for k, v in out[False][1].items():
         torch.testing.assert_close(out[True][1][k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_is_captured_as_one_cuda_graph_with_the_eager_numbers(method):
+    """cuda_graph is on by default on CUDA: every method's step (its clipping included) is captured, with
+    no fall-back to the eager step, and replays the eager steps."""
+    xs, ys = batches(n=5)
+    agc = settings(method).get("train.agc")
+    out = {}
+    for graph in (False, True):
+        torch.manual_seed(0)
+        model = NIN(10, width=0.1, **model_options(method)).cuda()
+        data_norm = make_data_norm("batch", torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).cuda()
+        opt = make_optimizer(model, LR, MOMENTUM, DECAY, torch.device("cuda"))
+        options = StepOptions(cuda_graph=graph)
+        step = make_step(model, data_norm, opt, has_normprop_layers(model), options, agc, method)
+        losses = [step(x.cuda(), y.cuda())[0].item() for x, y in zip(xs, ys, strict=True)]
+        assert not graph or (step.graph is not None and not step.eager), method
+        out[graph] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
+    assert out[True][0] == pytest.approx(out[False][0], rel=1e-4)
+    for k, v in out[False][1].items():
+        torch.testing.assert_close(out[True][1][k], v, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

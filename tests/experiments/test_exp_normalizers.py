@@ -1,11 +1,13 @@
 """The normalizers experiment: every method at every batch size at the rate its sweep chose, ranked per
 batch size against the reference (NormProp), with the population drift and BN's mode gap at batch 1."""
 
+import copy
 import math
 
 import pandas as pd
 import pytest
 import torch
+from torch import nn
 from typer.testing import CliRunner
 
 from normprop_cli import config
@@ -108,6 +110,33 @@ def test_mode_gap_leaves_the_model_as_it_was():
     rows = normalizers.ModeGap().observe(net, lambda: iter([(x, y)]), epoch=1)
     assert set(rows[0]) == {"epoch", "eval_mode_acc", "train_mode_acc"}
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()) and net.training
+
+
+def test_mode_gap_counts_on_the_device_and_syncs_once(monkeypatch):
+    """ModeGap's counts are those of scoring each image in turn, read back in one host sync at the end
+    of its evaluation (not two per test image)."""
+    torch.manual_seed(1)
+    net = NIN(num_classes=3, width=0.0625, norm="batchrenorm")
+    net.train()
+    net(torch.randn(8, 3, 32, 32))
+    data = [(torch.randn(5, 3, 32, 32), torch.randint(0, 3, (5,))) for _ in range(3)]
+    probe, right = copy.deepcopy(net), [0, 0]
+    with torch.no_grad():
+        for x, y in data:  # the counts as the former code took them, one image (and two syncs) at a time
+            right[0] += int((probe.eval()(x).argmax(1) == y).sum())
+            for m in probe.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.train()
+                    m.momentum = 0.0
+            right[1] += sum(int(probe(x[i : i + 1]).argmax(1).item() == int(y[i])) for i in range(len(x)))
+    syncs = []
+    for name in ("item", "tolist", "cpu", "__bool__", "__int__", "__float__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _n=name, _r=real, **k: syncs.append(_n) or _r(t, *a, **k))
+    [row] = normalizers.ModeGap().observe(net, lambda: iter(data), epoch=1)
+    monkeypatch.undo()
+    assert syncs == ["tolist"]
+    assert row["eval_mode_acc"] == 100.0 * right[0] / 15 and row["train_mode_acc"] == 100.0 * right[1] / 15
 
 
 @pytest.mark.parametrize(

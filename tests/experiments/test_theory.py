@@ -174,3 +174,23 @@ def test_plot_redraws_from_the_csvs_and_needs_them(results, tmp_path):
     (copy / "proposition1.csv").unlink()
     with pytest.raises(UserError, match="normprop run theory"):
         theory.plot(cfg2)
+
+
+def test_a_second_run_under_the_same_settings_reuses_the_tables_and_writes_nothing(results, tmp_path):
+    """`reproduce-all` on committed results leaves the tree clean: theory is skipped like a finished run
+    (its numbers would move in the last digits if computed again on other threads), and computed anew
+    when a setting changes."""
+    cfg, out = results
+    copy = tmp_path / "theory"
+    shutil.copytree(out, copy)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in copy.iterdir()}
+    assert theory.run(small_cfg(tmp_path)) == copy
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in copy.iterdir()} == before
+    (copy / "jacobian.png").unlink()  # a missing figure is redrawn from the CSVs
+    theory.run(small_cfg(tmp_path))
+    assert (copy / "jacobian.png").exists() and (copy / "jacobian.csv").stat().st_mtime_ns == before["jacobian.csv"][0]
+    changed = config.load("theory", preset="smoke", overrides=[*SMALL, "theory.prop1_m=8", f"results_dir={tmp_path}"])
+    assert not theory.complete(changed)
+    theory.run(changed)
+    assert (copy / "proposition1.csv").read_bytes() != before["proposition1.csv"][1]
+    assert theory.complete(changed) and not theory.complete(small_cfg(tmp_path))

@@ -144,3 +144,21 @@ def test_nin_config_is_typed_and_refuses_unknown_options():
     assert NINConfig(norm="frn", activation="tanh").problem() == (
         "model.norm=frn takes model.activation=relu, not tanh"
     )
+
+
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
+def test_an_input_under_the_smallest_size_is_refused_at_once_naming_it(norm):
+    """MIN_IMAGE_SIZE comes from ARCHITECTURE (feature_sizes); checked here against the real layers: the
+    smallest size runs, one pixel less fails in torch's own pooling, and NIN says so in one line first."""
+    from normprop_cli.nn.nin import MIN_IMAGE_SIZE
+
+    model, n = NIN(10, norm=norm, width=0.0625).eval(), MIN_IMAGE_SIZE
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, n, n)).shape == (2, 10)
+        with pytest.raises(RuntimeError, match="too small"):  # the layers themselves, the check bypassed
+            model.features(torch.randn(2, 3, n - 1, n - 1))
+        for h, w in ((n - 1, n - 1), (28, 28), (32, n - 1), (n - 1, 32)):
+            with pytest.raises(ValueError, match=rf"at least {n}x{n}.*got {h}x{w}") as exc:
+                model(torch.randn(2, 3, h, w))
+            assert "\n" not in str(exc.value)
+    assert n == 29  # 29 -> 15 -> 8 -> 4 -> 8 -> 1, as the NIN docstring says

@@ -121,6 +121,50 @@ def test_register_activation_gets_numerical_stats():
         ACTIVATIONS.pop("softplus", None)
 
 
+def test_register_activation_refuses_to_replace_a_name_unless_told():
+    before = ACTIVATIONS["tanh"]
+    with pytest.raises(ValueError, match="'tanh' is already registered; pass replace=True") as exc:
+        register_activation("tanh", F.softplus, breakpoints=())
+    assert "\n" not in str(exc.value) and ACTIVATIONS["tanh"] is before
+    try:
+        register_activation("softplus-twice", F.softplus, breakpoints=())
+        with pytest.raises(ValueError, match="replace=True"):
+            register_activation("softplus-twice", torch.tanh, breakpoints=())
+        first = activation_stats("softplus-twice")
+        register_activation("softplus-twice", torch.tanh, breakpoints=(), replace=True)
+        assert ACTIVATIONS["softplus-twice"].fn is torch.tanh
+        assert activation_stats("softplus-twice") == activation_stats("tanh") != first  # the cache is cleared
+    finally:
+        ACTIVATIONS.pop("softplus-twice", None)
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [({"fn": "relu"}, "fn"), ({"fn": None}, "fn"), ({"fn": 1.5}, "fn"),
+     ({"fn": torch.tanh, "derivative": 0.0}, "derivative"), ({"fn": torch.tanh, "closed_form": "x"}, "closed_form")],
+)  # fmt: skip
+def test_register_activation_refuses_what_is_not_callable_at_once(kwargs, arg):
+    with pytest.raises(TypeError, match=rf"{arg} must be callable"):
+        register_activation("not-callable", **kwargs)
+    assert "not-callable" not in ACTIVATIONS
+
+
+@pytest.mark.parametrize("activation", [torch.relu, F.relu, torch.nn.ReLU(), 3])
+def test_an_activation_that_is_not_a_name_says_how_to_register_one(activation):
+    """Not `register_activation(<built-in method relu ...>, fn)`: a placeholder name, in a valid call."""
+    from normprop_cli.nn import NormPropConv2d, NormPropLinear
+
+    for make in (
+        lambda: NormPropConv2d(3, 4, 3, activation=activation),
+        lambda: NormPropLinear(3, 4, activation=activation),
+    ):
+        with pytest.raises(ValueError, match="activation must be a registered name") as exc:
+            make()
+        message = str(exc.value)
+        assert 'register_activation("name", fn)' in message and "relu, sigmoid, tanh" in message
+        assert "\n" not in message and "<" not in message and "0x" not in message
+
+
 def test_prelu_stats_is_differentiable_in_the_slope():
     def stats(a):
         st = prelu_stats(a)

@@ -101,6 +101,27 @@ def test_batchrenorm_limits_warm_up_then_relax_linearly():
         BatchRenorm2d(2, rmax=0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("momentum", [0.1, 0.01, 0.7])
+def test_batchrenorm_momentum_is_a_python_float_with_the_former_numbers(monkeypatch, dtype, momentum):
+    """The running estimates' momentum is used as a Python float: no tensor is made from it in a step (a
+    host-to-device copy, which a CUDA graph cannot capture), and the estimates are bit for bit those of
+    the former weight, torch.tensor(momentum) in the estimates' dtype."""
+    torch.manual_seed(2)
+    brn = BatchRenorm2d(4, momentum=momentum, warmup_steps=0, rmax_steps=3, dmax_steps=3).to(dtype)
+    expect = {k: getattr(brn, k).clone() for k in ("running_mean", "running_var")}
+    former, made = torch.tensor, []
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or former(*a, **k))
+    for step in range(5):
+        x = torch.randn(3, 4, 5, 5, dtype=dtype) * 2 + step
+        brn(x)
+        weight, n = former(float(momentum), dtype=dtype), x.numel() // x.shape[1]
+        expect["running_mean"].lerp_(x.mean((0, 2, 3)), weight)
+        expect["running_var"].lerp_(x.var((0, 2, 3), unbiased=False) * (n / (n - 1)), weight)
+        assert all(torch.equal(getattr(brn, k), v) for k, v in expect.items()), step
+    assert made == []
+
+
 # --- weight normalisation -----------------------------------------------------------------------
 
 

@@ -15,16 +15,23 @@ The ablation (fashion preset): where the grid has settings that share their (met
 (tables.ablation_settings: normprop-no-jacobian, normprop-frozen-affine, normprop-zca beside normprop), each
 is compared with its main setting (ablation.py), and the report names the ablations that account for the
 drift (ablation_report.py). Where `experiment.lr_sweep` is set, every setting first chooses its rate on a
-validation sweep (lr_sweep.py; lr_sweep.csv), the grid's train.lr its centre.
+validation sweep (lr_sweep.py; lr_sweep.csv), the grid's train.lr its centre; a `rate_of` setting borrows
+another's rate, times its `rate_scale` (normprop-half-rate, normprop-double-rate). The Sigma-oracle setting
+(model.sigma_oracle_every, nn/oracle.py) divides by sqrt(W_i^T Sigma W_i) / sigma, Sigma measured on held-out
+validation images (oracle.SigmaOracleFeed gives them); `experiment.probe_every_steps` adds the spread and
+population probes every that many SGD steps of epoch 1 (steps.StepProbe); oracle_report.py reads them.
 
 runs/<run>/spread.csv      SPREAD_COLUMNS, one row per conv layer and epoch
 runs/<run>/population.csv  probes.POPULATION_COLUMNS, layers 2..9
 runs/<run>/affine.csv      affine.AFFINE_COLUMNS, one row per conv layer with gamma and beta, and epoch
+runs/<run>/sigma_oracle.csv  oracle.ORACLE_COLUMNS, one row per conv layer and epoch (Sigma-oracle runs)
+runs/<run>/spread_steps.csv, population_steps.csv  the probes' rows inside epoch 1, `epoch` a fraction, `step`
 spread.csv       every run's spread rows, with run, setting, method, seed, width
 population.csv   every run's population rows, with run, setting, method, seed, width
 affine.csv       every run's affine rows, with run, setting, method, seed, width (affine_probe only)
 ablation.csv     one row per setting (ablation.SETTING_COLUMNS), where the grid has ablations
 lr_sweep.csv     the validation sweep's runs (lr_sweep.py), where experiment.lr_sweep is set
+sigma_oracle.csv, spread_steps.csv, population_steps.csv  every run's rows of those, where runs have them
 epochs.csv, curves.csv  every run's metrics; test accuracy per setting, mean and 95% interval over
                  the seeds that did not diverge (experiments.tables.curves)
 summary.csv      one row per run: engine columns + width, final_mean_ratio (final epoch, mean over
@@ -34,13 +41,17 @@ summary.csv      one row per run: engine columns + width, final_mean_ratio (fina
 drift.png/.pdf   the ratio per layer, the rows' mean |cos| beside random rows', the population's
                  average |mean| and drift, the input's top-eigenvector fraction, vs epoch (main settings)
 drift_ablation.png/.pdf  drift per layer and over epochs per setting, gamma's change and gamma / f
+drift_steps.png/.pdf     the ratio and the drift inside epoch 1, where runs have in-epoch probes
 
 spread.py    SpreadProbe, the measurement during training
 affine.py    AffineProbe, gamma and beta during training
+oracle.py    SigmaOracleFeed, the Sigma-oracle's held-out batch and divisor
+steps.py     StepProbe, a probe every few SGD steps inside epoch 1
 tables.py    the CSVs as the figures and the report read them; which settings are ablations
 ablation.py  the ablation's numbers: per setting, and each ablation against its main setting
 figures.py   plot(cfg)
-findings.py  headlines(cfg) and paragraphs(cfg) for the report; ablation_report.py their ablation part
+findings.py  headlines(cfg) and paragraphs(cfg) for the report; ablation_report.py their ablation part,
+             oracle_report.py its Sigma-oracle, learning-rate and in-epoch parts
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, se
 from normprop_cli.experiments.drift.affine import AFFINE_COLUMNS, AffineProbe, final_change
 from normprop_cli.experiments.drift.figures import plot
 from normprop_cli.experiments.drift.findings import headlines, paragraphs
+from normprop_cli.experiments.drift.oracle import ORACLE_COLUMNS, SigmaOracleFeed
 from normprop_cli.experiments.drift.spread import (
     SPREAD_COLUMNS,
     MapMoments,
@@ -66,16 +78,20 @@ from normprop_cli.experiments.drift.spread import (
     random_coherence,
     spectrum,
 )
+from normprop_cli.experiments.drift.steps import StepProbe
 from normprop_cli.experiments.drift.tables import ablation_settings
 from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
 from normprop_cli.experiments.probes import PopulationProbe
 
 __all__ = [
     "AFFINE_COLUMNS",
+    "ORACLE_COLUMNS",
     "SPREAD_COLUMNS",
     "AffineProbe",
     "MapMoments",
+    "SigmaOracleFeed",
     "SpreadProbe",
+    "StepProbe",
     "coherence",
     "full_patches",
     "headlines",
@@ -91,13 +107,19 @@ __all__ = [
 def run(cfg: DictConfig) -> Path:
     if cfg.experiment.get("lr_sweep") is not None:
         kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
-        cfg = with_rates(cfg, choose_rates(cfg, method=kind, label=kind_label))
+        feed = lambda spec: [SigmaOracleFeed(spec.cfg)] if spec.cfg.model.get("sigma_oracle_every") else []  # noqa: E731
+        cfg = with_rates(cfg, choose_rates(cfg, method=kind, label=kind_label, observers=feed))
     specs = expand_grid(cfg)
     positions, images = int(cfg.experiment.patch_positions), int(cfg.experiment.patch_images)
     affine_probe = bool(cfg.experiment.get("affine_probe"))
 
     def observers(spec) -> list:
-        return [SpreadProbe(positions, images), PopulationProbe()] + [AffineProbe()] * affine_probe
+        c = spec.cfg  # the Sigma-oracle's held-out batch first: every probe sees the oracle's division
+        out = [SigmaOracleFeed(c)] if c.model.get("sigma_oracle_every") else []
+        out += [SpreadProbe(positions, images), PopulationProbe()] + [AffineProbe()] * affine_probe
+        every = int(c.experiment.get("probe_every_steps") or 0)
+        return out + ([StepProbe(SpreadProbe(positions, images), every), StepProbe(PopulationProbe(), every)]
+                      if every else [])  # fmt: skip
 
     manifests = run_sweep(cfg, specs, observers=observers)
     width = {"width": "model.width"}
@@ -108,6 +130,10 @@ def run(cfg: DictConfig) -> Path:
     run_tables.write(cfg, "population", population)
     if affine is not None:
         run_tables.write(cfg, "affine", affine)
+    for name in (SigmaOracleFeed.name, f"{SpreadProbe.name}_steps", f"{PopulationProbe.name}_steps"):
+        found = run_tables.gather(specs, name, width)
+        if len(found):  # only where the grid has the Sigma-oracle or in-epoch probes
+            run_tables.write(cfg, name, found)
 
     def columns(spec) -> dict:
         s = run_tables.of_run(spread, spec.name)

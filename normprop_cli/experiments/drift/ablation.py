@@ -18,38 +18,57 @@ from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
 
-# What a grid entry's `set` can change beside the method: (key, value) -> (name suffix, label, the part of
-# NormProp that the ablation takes away, as the findings name it)
+POSITIVE = "> 0"  # an ABLATIONS value that any positive number matches
+RATE_SCALE = "rate_scale"  # a grid entry's multiple of the rate it borrows (`rate_of`), read as a key here
+PROBE_KEY = "experiment.probe_every_steps"  # in-epoch probes (drift.steps): they change nothing of training
+# What a grid entry's `set` (or its rate_scale) can change beside the method: (key, value) -> (name suffix,
+# label, the part of NormProp that the ablation takes away, as the findings name it)
 ABLATIONS = {
     ("model.jacobian", "off"): ("no-jacobian", "without the Jacobian factor", "the Jacobian factor f"),
     ("model.jacobian", "init"): ("arxiv", "gamma starting at 1/f (arXiv form)", "dividing by f (ICML form)"),
     ("model.freeze_affine", True): ("frozen-affine", "with gamma and beta frozen", "learnt gamma and beta"),
     ("train.data_norm", "zca"): ("zca", "on ZCA-whitened input", "correlated (not whitened) input"),
-}
+    ("model.sigma_oracle_every", POSITIVE): ("sigma-oracle", "with the Sigma-oracle divisor",
+                                             "the division by ||W_i||, blind to the input's covariance"),
+    (RATE_SCALE, 0.5): ("half-rate", "at half its swept rate", "the swept rate (halved here)"),
+    (RATE_SCALE, 2.0): ("double-rate", "at twice its swept rate", "the swept rate (doubled here)"),
+}  # fmt: skip
 QUANTITIES = {"avg_drift": "average drift", "avg_abs_mean": "average |mean|", "avg_std": "average std"}
+# compared beside QUANTITIES (comparisons), but no part of which ablations account for the drift
+MORE = {"ratio": "spread ratio", "final_test_acc": "final test accuracy (%)"}
 SETTING_COLUMNS = [
     "setting", "method", "width", "label", "lr", "n", "diverged", "final_test_acc", "acc_low", "acc_high",
-    *[f"{q}{s}" for q in QUANTITIES for s in ("", "_low", "_high")], "ratio", "gamma_change", "beta_change",
+    *[f"{q}{s}" for q in QUANTITIES for s in ("", "_low", "_high")], "ratio", "ratio_low", "ratio_high",
+    "gamma_change", "beta_change",
 ]  # fmt: skip
 COMPARISON_COLUMNS = ["setting", "reference", "quantity", "value", "reference_value", "diff", "low", "high",
                       "reading"]  # fmt: skip
+
+
+def matches(found: object, value: object) -> bool:
+    """Does a setting's value `found` match an ABLATIONS value (POSITIVE: any number above 0)?"""
+    if value == POSITIVE:
+        return isinstance(found, int | float) and not isinstance(found, bool) and found > 0
+    return found == value
 
 
 def setting_kind(get: Callable[[str], object]) -> str:
     """A run's kind from its settings (`get(dotted key)`): the method, then each ablation's suffix,
     e.g. 'normprop-no-jacobian': lr_sweep.csv's `method`, so that each ablation has its own colour."""
     parts = [str(get("model.norm"))]
-    parts += [suffix for (key, value), (suffix, _, _) in ABLATIONS.items() if get(key) == value]
+    parts += [suffix for (key, value), (suffix, _, _) in ABLATIONS.items() if matches(get(key), value)]
     return "-".join(parts)
 
 
 def kind_label(kind: str) -> str:
     """'NormProp without the Jacobian factor' for 'normprop-no-jacobian'."""
-    parts = []
-    for suffix, label, _ in ABLATIONS.values():
-        if kind.endswith(f"-{suffix}"):
-            kind = kind.removesuffix(f"-{suffix}")
-            parts.insert(0, label)
+    parts, stripped = [], True
+    while stripped:  # suffixes in any order (setting_kind joins them in ABLATIONS' order)
+        stripped = False
+        for suffix, label, _ in ABLATIONS.values():
+            if kind.endswith(f"-{suffix}"):
+                kind, stripped = kind.removesuffix(f"-{suffix}"), True
+                parts.insert(0, label)
     return " ".join([run_tables.method_label(kind), ", ".join(parts)]).strip()
 
 
@@ -62,20 +81,39 @@ def entry_get(cfg: DictConfig, setting: str) -> Callable[[str], object] | None:
     if found is None:
         return None
     given = dict(found.get("set") or {})
-    return lambda key: given[key] if key in given else OmegaConf.select(cfg, key)
+    if found.get(RATE_SCALE) is not None:
+        given[RATE_SCALE] = float(found[RATE_SCALE])
+    return lambda key: given[key] if key in given else OmegaConf.select(cfg, key, default=None)
+
+
+def is_reference(cfg: DictConfig, setting: str) -> bool:
+    """A setting that changes nothing ABLATIONS names but adds in-epoch probes (e.g. `normprop-steps`):
+    its main setting again, so that the in-epoch rows have a reference; no ablation."""
+    get = entry_get(cfg, setting)
+    if get is None or not matches(get(PROBE_KEY), POSITIVE):
+        return False
+    return not any(matches(get(key), value) for key, value in ABLATIONS)
 
 
 def label(cfg: DictConfig, setting: str, method: str) -> str:
     """A setting's name in the report: its kind's label from the grid, or the method and the setting's id."""
     get = entry_get(cfg, setting)
+    if get and is_reference(cfg, setting):
+        return f"{kind_label(setting_kind(get))} (in-epoch probes)"
     return kind_label(setting_kind(get)) if get else f"{run_tables.method_label(method)} ({setting})"
 
 
 def cause(cfg: DictConfig, setting: str) -> str:
     """What the ablation takes away, from its grid entry: 'the Jacobian factor f'; else its id."""
     get = entry_get(cfg, setting)
-    found = [part for (key, value), (_, _, part) in ABLATIONS.items() if get and get(key) == value]
+    found = [part for (key, value), (_, _, part) in ABLATIONS.items() if get and matches(get(key), value)]
     return " and ".join(found) if found else f"what {setting} changes"
+
+
+def rate_scale(cfg: DictConfig, setting: str) -> float | None:
+    """The setting's rate_scale (its rate as a multiple of the setting it borrows it from), or None."""
+    found = entry(cfg, setting)
+    return float(found[RATE_SCALE]) if found is not None and found.get(RATE_SCALE) is not None else None
 
 
 def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float]:
@@ -105,14 +143,14 @@ def read_optional(cfg: DictConfig, name: str) -> pd.DataFrame:
 
 
 def rates(cfg: DictConfig) -> dict[str, float]:
-    """Each setting's rate: the one its validation sweep chose (lr_sweep.csv), else its first epoch's."""
-    sweep = read_optional(cfg, "lr_sweep")
+    """Each setting's rate: the one its validation sweep chose (lr_sweep.csv), else (not swept: no sweep,
+    or a `rate_of` setting) its first epoch's."""
+    out, sweep, epochs = {}, read_optional(cfg, "lr_sweep"), read_optional(cfg, "epochs")
+    if len(epochs) and "lr" in epochs:
+        out = epochs.sort_values("epoch", kind="stable").drop_duplicates("setting").set_index("setting")["lr"].to_dict()
     if len(sweep):
-        return sweep[sweep["chosen"].astype(bool)].drop_duplicates("setting").set_index("setting")["lr"].to_dict()
-    epochs = read_optional(cfg, "epochs")
-    if not len(epochs):
-        return {}
-    return epochs.sort_values("epoch").drop_duplicates("setting").set_index("setting")["lr"].to_dict()
+        out |= sweep[sweep["chosen"].astype(bool)].drop_duplicates("setting").set_index("setting")["lr"].to_dict()
+    return out
 
 
 def tables(cfg: DictConfig) -> dict[str, pd.DataFrame]:
@@ -143,22 +181,42 @@ def setting_table(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> 
         for q in QUANTITIES:
             ci = statistics.mean_ci(per_seed(population, setting, q))
             row |= {q: ci["mean"], f"{q}_low": ci["ci_low"], f"{q}_high": ci["ci_high"]}
-        row["ratio"] = per_seed(spread, setting, "ratio").mean()
+        ratio = statistics.mean_ci(per_seed(spread, setting, "ratio"))
+        row |= {"ratio": ratio["mean"], "ratio_low": ratio["ci_low"], "ratio_high": ratio["ci_high"]}
         row["gamma_change"] = per_seed(affine, setting, "gamma_change").mean()
         row["beta_change"] = per_seed(affine, setting, "beta_change").mean()
         rows.append(row)
     return pd.DataFrame(rows, columns=SETTING_COLUMNS)
 
 
+def accuracy_per_seed(summary: pd.DataFrame, setting: str) -> pd.Series:
+    """Each seed's final test accuracy, the runs that learned and did not diverge (setting_table's)."""
+    g = summary[summary["setting"] == setting] if len(summary) else summary
+    if not len(g) or "final_test_acc" not in g:
+        return pd.Series(dtype=float)
+    kept = run_tables.kept(g)
+    kept = kept[outcomes.learned_flags(kept).eq(True)] if "learned" in kept else kept
+    return kept.set_index("seed")["final_test_acc"]
+
+
+def seeds_of(t: dict[str, pd.DataFrame], setting: str, quantity: str) -> pd.Series:
+    """A quantity per seed: the population's and the ratio at the last epoch, or the final test accuracy."""
+    if quantity == "final_test_acc":
+        return accuracy_per_seed(t["summary"], setting)
+    return per_seed(t["spread"] if quantity == "ratio" else t["population"], setting, quantity)
+
+
 def comparisons(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """Per ablation and quantity: the ablation's value minus its main setting's, Welch 95% interval over
-    seeds, and its reading (COMPARISON_COLUMNS)."""
+    """Per ablation and quantity (QUANTITIES, then MORE): the ablation's value minus its main setting's,
+    Welch 95% interval over seeds, and its reading (COMPARISON_COLUMNS). Reference settings (is_reference)
+    are no ablations and have no rows."""
     t = t or tables(cfg)
-    population = t["population"]
     rows = []
     for setting, reference in ablation_settings(t["summary"]).items():
-        for q in QUANTITIES:
-            a, b = per_seed(population, setting, q), per_seed(population, reference, q)
+        if is_reference(cfg, setting):
+            continue
+        for q in [*QUANTITIES, *MORE]:
+            a, b = seeds_of(t, setting, q), seeds_of(t, reference, q)
             diff, low, high = welch(a, b)
             rows.append({"setting": setting, "reference": reference, "quantity": q, "value": a.mean(),
                          "reference_value": b.mean(), "diff": diff, "low": low, "high": high,

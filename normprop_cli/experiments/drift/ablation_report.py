@@ -10,14 +10,17 @@ from omegaconf import DictConfig
 
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation import (
+    MORE,
     QUANTITIES,
     accounting,
     cause,
     comparisons,
     gains,
+    rate_scale,
     setting_table,
     tables,
 )
+from normprop_cli.experiments.drift.oracle_report import oracle_note, oracle_paragraphs, rate_sentence, steps_paragraph
 from normprop_cli.experiments.drift.tables import ablation_settings
 from normprop_cli.statistics import format_ci, markdown
 
@@ -56,7 +59,11 @@ def ablation_paragraphs(cfg: DictConfig) -> list[str]:
     texts = [_intro(cfg, last), _markdown(s)]
     for _, g in c.groupby("setting", sort=False):
         texts.append(_ablation_sentence(cfg, by, g))
-    texts.append(_closing(cfg, by, c, s))
+    taken = c[c["setting"].map(lambda k: rate_scale(cfg, k) is None)]  # the rate's settings: rate_sentence
+    texts.append(_closing(cfg, by, taken[taken["quantity"].isin(list(QUANTITIES))], s) + oracle_note(cfg, by, c))
+    texts.append(rate_sentence(cfg, t, by, c))
+    texts += oracle_paragraphs(cfg, t, by, c)
+    texts.append(steps_paragraph(cfg, t, by))
     texts += _affine_sentences(t["affine"], s, set(ablation_settings(t["summary"]).values()))
     texts += _width_pairs(s)
     return [x for x in texts if x]
@@ -88,7 +95,8 @@ def _markdown(s: pd.DataFrame) -> str:
         cells = [f"`{r['setting']}`", r["label"], f"{r['width']:g}", _num(r["lr"], "g"), f"{int(r['n'])}{gone}",
                  format_ci(r["final_test_acc"], r["acc_low"], r["acc_high"]),
                  *[format_ci(r[q], r[f"{q}_low"], r[f"{q}_high"]) for q in QUANTITIES],
-                 _num(r["ratio"]), _num(r["gamma_change"], ".3f"), _num(r["beta_change"], ".3f")]  # fmt: skip
+                 format_ci(r["ratio"], r["ratio_low"], r["ratio_high"]) if math.isfinite(r["ratio"]) else "-",
+                 _num(r["gamma_change"], ".3f"), _num(r["beta_change"], ".3f")]  # fmt: skip
         rows.append(cells)
     return "\n".join(markdown(rows, head, rule="---"))
 
@@ -107,10 +115,12 @@ def _ablation_sentence(cfg: DictConfig, by: pd.DataFrame, g: pd.DataFrame) -> st
     rows = g.set_index("quantity")
     d = rows.loc["avg_drift"]
     rate = f" (rate {a['lr']:g}, against {ref['lr']:g})" if math.isfinite(a["lr"]) and math.isfinite(ref["lr"]) else ""
+    names = QUANTITIES | MORE
     others = "; ".join(
-        f"{QUANTITIES[q]} {rows.loc[q, 'value']:.2f} against {rows.loc[q, 'reference_value']:.2f}, a difference of "
+        f"{names[q]} {rows.loc[q, 'value']:.2f} against {rows.loc[q, 'reference_value']:.2f}, a difference of "
         f"{_diff(rows.loc[q])} ({rows.loc[q, 'reading']})"
-        for q in ("avg_abs_mean", "avg_std")
+        for q in ("avg_abs_mean", "avg_std", *MORE)
+        if q in rows.index and math.isfinite(rows.loc[q, "value"])
     )
     n = f"n = {int(a['n'])} and {int(ref['n'])} seeds"
     verdict = {"reduces": "it reduces the drift", "increases": "it increases the drift",

@@ -1,5 +1,6 @@
 """drift.png/.pdf, from spread.csv and population.csv alone (the main settings: tables.main_rows); where the
-grid has ablations, drift_ablation.png/.pdf from population.csv, summary.csv and affine.csv."""
+grid has ablations, drift_ablation.png/.pdf from population.csv, summary.csv and affine.csv; where it has
+in-epoch probes, drift_steps.png/.pdf from spread_steps.csv and population_steps.csv."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_xlabel("epoch")
     fig.suptitle(plots.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return plots.save(fig, cfg, "drift") + plot_ablation(cfg)
+    return plots.save(fig, cfg, "drift") + plot_ablation(cfg) + plot_steps(cfg)
 
 
 def plot_ablation(cfg: DictConfig) -> list[Path]:
@@ -94,10 +95,10 @@ def plot_ablation(cfg: DictConfig) -> list[Path]:
     ax = axes[0]
     narrow = population["width"].min()
     settings = list(dict.fromkeys(population["setting"]))
-    colours = plt.get_cmap("tab10")
+    colours = plt.get_cmap("tab10" if len(settings) <= 10 else "tab20")
     for i, setting in enumerate(settings):
         g = population[population["setting"] == setting]
-        style = {"color": colours(i % 10), "linestyle": "--" if g["width"].iloc[0] > narrow else "-"}
+        style = {"color": colours(i % colours.N), "linestyle": "--" if g["width"].iloc[0] > narrow else "-"}
         name = f"{label(cfg, setting, g['method'].iloc[0])}, width {g['width'].iloc[0]:g}"
         last = g[g["epoch"] == g["epoch"].max()]
         per_layer = last.groupby(["layer", "seed"])["avg_drift"].mean().groupby("layer").mean()
@@ -124,6 +125,41 @@ def plot_ablation(cfg: DictConfig) -> list[Path]:
     fig.suptitle(plots.title(cfg, "Drift ablation: which part of NormProp moves its layer inputs"), fontsize=10)
     fig.tight_layout(rect=(0, 0.06 * ((len(names) + 3) // 4), 1, 0.95))
     return plots.save(fig, cfg, "drift_ablation")
+
+
+def plot_steps(cfg: DictConfig) -> list[Path]:
+    """drift_steps.png/.pdf where the runs have in-epoch probes: the spread ratio (mean over layers 1-9) and
+    the population's average drift (layers 2-9) against the epochs trained, from initialisation to the end
+    of epoch 1 (the in-epoch probes, then the epoch's own), one line per setting, means over seeds."""
+    spread_steps = learned_rows(cfg, read_optional(cfg, "spread_steps"))
+    if not len(spread_steps):
+        return []
+    population_steps = learned_rows(cfg, read_optional(cfg, "population_steps"))
+    epochs = {"ratio": learned_rows(cfg, read_optional(cfg, "spread")),
+              "avg_drift": learned_rows(cfg, read_optional(cfg, "population"))}  # fmt: skip
+    plt = plots.pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(9.0, 4.0), squeeze=False)
+    for i, (setting, g) in enumerate(spread_steps.groupby("setting", sort=False)):
+        for a, (column, table) in zip(ax[0], ((("ratio", g)), ("avg_drift", population_steps)), strict=True):
+            rows = table[table["setting"] == setting] if len(table) else table
+            if not len(rows):
+                continue
+            e = epochs[column]
+            end = e[(e["setting"] == setting) & (e["epoch"] == 1)] if len(e) else e
+            line = pd.concat([by_epoch(rows, column), by_epoch(end, column)]) if len(end) else by_epoch(rows, column)
+            a.plot(*_xy(line.sort_index()), marker="o", markersize=3, color=f"C{i}",
+                   label=label(cfg, setting, g["method"].iloc[0]))  # fmt: skip
+    ax[0, 0].axhline(1.0, color="0.4", linestyle="--", linewidth=0.8)
+    names = ["spread ratio, mean over layers 1-9", "average drift, layers 2-9 (initial stds)"]
+    for a, what in zip(ax[0], names, strict=True):
+        a.set(xlabel="epochs trained", ylabel=what)
+        a.tick_params(labelsize=7)
+    handles, names = ax[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=7, frameon=False)
+    fig.suptitle(plots.title(cfg, "Drift inside epoch 1 (in-epoch probes)"), fontsize=10)
+    rows = -(-len(names) // 3)  # the legend's rows under the axes
+    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 0.93))
+    return plots.save(fig, cfg, "drift_steps")
 
 
 def _xy(series: pd.Series):

@@ -66,7 +66,12 @@ def spectrum(patches: Tensor) -> tuple[float, float]:
     x = patches.double()
     x = x - x.mean(0)
     gram = x @ x.T if len(x) < x.shape[1] else x.T @ x
-    eig = torch.linalg.eigvalsh(gram).clamp_min(0.0)
+    if not torch.isfinite(gram).all():  # a run on its way to diverging: no spectrum, no crash
+        return math.nan, math.nan
+    try:
+        eig = torch.linalg.eigvalsh(gram).clamp_min(0.0)
+    except torch.linalg.LinAlgError:  # ill-conditioned (e.g. huge activations of a near-diverged run)
+        return math.nan, math.nan
     trace = eig.sum()
     if trace <= 0:
         return math.nan, math.nan

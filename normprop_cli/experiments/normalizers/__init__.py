@@ -82,19 +82,22 @@ class ModeGap:
             return []
         probe = copy.deepcopy(model)
         norms = [m for m in probe.modules() if isinstance(m, BATCH_NORMS)]
-        right = {"eval": 0, "train": 0}
-        total = 0
+        right, total = None, 0  # the counts stay on the device: one host sync, at the end
         with torch.no_grad():
             for x, y in batches():
+                if right is None:
+                    right = torch.zeros(2, dtype=torch.long, device=y.device)  # eval mode, train mode
                 probe.eval()
-                right["eval"] += int((probe(x).argmax(1) == y).sum())
+                right[0] += (probe(x).argmax(1) == y).sum()
                 for m in norms:
                     m.train()
                     m.momentum = 0.0
-                right["train"] += sum(int(probe(x[i : i + 1]).argmax(1).item() == int(y[i])) for i in range(len(x)))
+                for i in range(len(x)):
+                    right[1] += (probe(x[i : i + 1]).argmax(1) == y[i : i + 1]).sum()
                 total += len(x)
-        return [{"epoch": epoch, "eval_mode_acc": 100.0 * right["eval"] / total,
-                 "train_mode_acc": 100.0 * right["train"] / total}]  # fmt: skip
+        eval_right, train_right = right.tolist() if right is not None else (0, 0)
+        return [{"epoch": epoch, "eval_mode_acc": 100.0 * eval_right / total,
+                 "train_mode_acc": 100.0 * train_right / total}]  # fmt: skip
 
 
 def observers(spec):

@@ -37,7 +37,9 @@ def plot(cfg: DictConfig) -> list[Path]:
     axes[0].set_ylim(-2, 102)  # accuracies and their intervals lie in [0, 100]
     axes[0].set_ylabel("final test accuracy (%)")
     axes[0].set_title(plots.title(cfg, "normalisers at their own learning rates, 95% CI"), fontsize=10)
-    axes[1].set_yscale("log")
+    plots.note_if_empty(axes[0], t["final_acc"])
+    if not plots.note_if_empty(axes[1], t["step_ms"]):
+        axes[1].set_yscale("log")  # no log scale without a step time to put on it
     axes[1].set_ylabel("ms per SGD step (median; parallel workers)")
     axes[1].set_title("step time in the runs (bench times them side by side)", fontsize=10)
     axes[0].legend(fontsize=7, ncol=2, loc="lower left")

@@ -71,6 +71,7 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     the mode gap and the difference from the reference with t intervals; `learned` counts the runs
     that learned in a mode they are scored in (experiments.tables.learned_in_a_mode)."""
     reference = cfg.experiment.get("reference", "normprop-icml")
+    summary = run_tables.with_columns(summary, "final_test_acc", "best_val_test_acc", "step_ms", "drift")
     level = 1.0 - (1.0 - statistics.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
     rows = []
     for bs, every in summary.groupby("batch_size", sort=True):

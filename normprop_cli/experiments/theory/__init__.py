@@ -23,9 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
+from normprop_cli.engine.runs import say
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.tables import command, read_csv
 from normprop_cli.experiments.theory.activations import activation_table
@@ -145,9 +146,28 @@ def plot(cfg: DictConfig) -> list[Path]:
     return paths
 
 
+def computed_with(cfg: DictConfig) -> str:
+    """What the tables depend on (the theory settings and the published numbers), as YAML: stored
+    beside the CSVs, so that a second `run` under the same settings skips the computation."""
+    return OmegaConf.to_yaml({"theory": cfg.theory, "published": cfg.experiment.published})
+
+
+def complete(cfg: DictConfig) -> bool:
+    """Every CSV is there, computed under these settings."""
+    out, stamp = out_dir(cfg), out_dir(cfg) / "config.yaml"
+    return all((out / f"{n}.csv").exists() for n in CSVS) and stamp.exists() and stamp.read_text() == computed_with(cfg)
+
+
 @experiment("theory", plot=plot, headlines=headlines, trains=False)
 def run(cfg: DictConfig) -> Path:
+    """Compute the tables and draw the figures; where they were computed under the same settings,
+    skip them (as a finished run is skipped) and only draw the figures that are missing."""
     out = out_dir(cfg)
+    if complete(cfg):
+        say(f"theory: computed under the same settings in {out}: reused (delete {out / 'config.yaml'} to recompute)")
+        if not all((out / f"{stem}.png").exists() for stem in FIGURES):
+            plot(cfg)
+        return out
     with one_thread():
         jacobian, histogram = jacobian_tables(cfg)
         tables = {
@@ -160,4 +180,5 @@ def run(cfg: DictConfig) -> Path:
     for name, frame in tables.items():
         io.write_csv(out / f"{name}.csv", frame)
     plot(cfg)
+    io.write_text(out / "config.yaml", computed_with(cfg))  # last: a killed computation is redone
     return out

@@ -104,17 +104,23 @@ def submitted(cfg: DictConfig) -> dict[str, str]:
         return {}
 
 
-@lru_cache(maxsize=1)
-def commit() -> str:
+@lru_cache(maxsize=4)
+def commit(where: Path | None = None) -> str:
+    """The checkout's commit, with "+dirty" where tracked code or configs differ from it (results aside), so
+    that a manifest never names a commit whose code did not train the run; "unknown" outside a checkout."""
+    where = where or Path(normprop_cli.__file__).parent
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(normprop_cli.__file__).parent,
-            timeout=5,
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=where, timeout=5
         )
-        return out.stdout.strip() or "unknown"
+        head = out.stdout.strip()
+        if not head:
+            return "unknown"
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)results"],
+            capture_output=True, text=True, cwd=where, timeout=5,
+        )  # fmt: skip
+        return f"{head}+dirty" if changed.stdout.strip() else head
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

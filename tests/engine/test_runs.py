@@ -188,3 +188,28 @@ def test_more_epochs_extend_a_run_to_exactly_the_longer_run(cli, tmp_path, inter
     # fewer epochs than a run has done are no extension: the run keeps its three
     cli(*args, "train.epochs=1", "--results-dir", tmp_path / "b")
     assert load_run(tmp_path / "b", "table1", "r-s0")[0]["epochs_done"] == 3
+
+
+def test_a_manifests_commit_says_dirty_where_the_code_differs_from_it_and_not_for_results(tmp_path):
+    import subprocess
+
+    from normprop_cli.engine.runs import commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    assert commit(tmp_path) == "unknown"  # not a checkout
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "summary.csv").write_text("a\n1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    clean = head.stdout.strip()
+    (tmp_path / "results" / "summary.csv").write_text("a\n2\n")  # new results: the code is still the commit's
+    assert commit.__wrapped__(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert commit.__wrapped__(tmp_path) == f"{clean}+dirty"

@@ -176,3 +176,26 @@ def test_the_report_names_rates_at_an_edge_and_rates_chosen_among_chance_scores(
     text = edges(cfg)
     assert "GroupNorm at batch 8: 0.04, the highest rate tried (0.01 0.02 0.04)" in text
     assert "BatchNorm at batch 1" in text and "arbitrary" in text and "NormProp (ICML) at batch 8" not in text
+
+
+def test_the_finding_says_none_was_shown_to_beat_the_reference_or_that_the_reference_diverged():
+    import pandas as pd
+
+    from normprop_cli.experiments.normalizers.findings import _finding
+
+    g = pd.DataFrame(
+        {
+            "normalizer": ["normprop-icml", "batchnorm", "layernorm"],
+            "final_acc": [80.0, 81.0, 70.0],
+            "diff_vs_reference": [0.0, 1.0, -10.0],
+            "diff_low": [0.0, -1.0, -12.0],
+            "diff_high": [0.0, 3.0, -8.0],
+            "reading": ["reference", "indistinguishable", "worse"],
+        }
+    )
+    text = _finding(g, 1, "NormProp", "normprop-icml")
+    assert text.startswith("At batch 1, no method was shown to beat NormProp") and "beats" not in text
+    g.loc[0, "final_acc"] = float("nan")  # every run of the reference diverged
+    assert _finding(g, 1, "NormProp", "normprop-icml") == (
+        "At batch 1, every run of NormProp diverged: no method is compared with it."
+    )

@@ -100,7 +100,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             rows.append([int(r["rank"]), label(r["normalizer"]), f"{r['lr']:g}", f"{final}{_counts(r)}",
                          _ci(r, "best"), vs, _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
         out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(rows, head, rule="---")))
-        out.append(_finding(g, int(bs), ref))
+        out.append(_finding(g, int(bs), ref, reference))
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
         parts = [
@@ -117,14 +117,20 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     return out
 
 
-def _finding(g: pd.DataFrame, bs: int, ref: str) -> str:
+def _finding(g: pd.DataFrame, bs: int, ref: str, reference: str = "normprop-icml") -> str:
+    """One sentence per batch size: who beat the reference, who is worse, who cannot be told apart; where
+    every run of the reference diverged, that, and no comparison."""
+    own = g[g["normalizer"] == reference]
+    if len(own) and not math.isfinite(float(own["final_acc"].iloc[0])):
+        return f"At batch {bs}, every run of {ref} diverged: no method is compared with it."
+
     def names(reading: str) -> str:
         rows = g[g["reading"] == reading]
         return ", ".join(f"{label(r['normalizer'])} ({_ci(r, 'diff')} pp)" for _, r in rows.iterrows())
 
     better, worse = names("better"), names("worse")
     same = ", ".join(label(m) for m in g.loc[g["reading"] == "indistinguishable", "normalizer"])
-    parts = [f"At batch {bs}, " + (f"{better} beat {ref}" if better else f"no method beats {ref}")]
+    parts = [f"At batch {bs}, " + (f"{better} beat {ref}" if better else f"no method was shown to beat {ref}")]
     if worse:
         parts.append(f"{worse} {'is' if worse.count('(') == 1 else 'are'} worse")
     if same:

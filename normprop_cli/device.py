@@ -53,10 +53,10 @@ def prepare(device: torch.device, deterministic: bool = False) -> None:
         torch.set_flush_denormal(True)
         keep_freed_memory()
     else:
-        torch.backends.cudnn.benchmark = not deterministic
-        torch.backends.cuda.matmul.allow_tf32 = not deterministic
-        torch.backends.cudnn.allow_tf32 = not deterministic
-    if deterministic:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if deterministic:  # on any device: the flags are process-wide
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
         torch.backends.cudnn.benchmark = False
         torch.backends.cuda.matmul.allow_tf32 = False

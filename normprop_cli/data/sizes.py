@@ -7,13 +7,16 @@ from __future__ import annotations
 import inspect
 from typing import NamedTuple
 
+from . import digits, fashion
 from .cifar import cifar_val_size
+from .svhn import load_svhn
 from .synthetic import load_synthetic
 
+# The published files' sizes; each loader's split rule (its own constants and defaults) is read from it.
 CIFAR_TRAIN_FILES, CIFAR_TEST = 50_000, 10_000  # CIFAR-10 and CIFAR-100 alike (section 5)
-SVHN_TRAIN, SVHN_EXTRA, SVHN_TEST = 73_257, 531_131, 26_032  # section 5: val = 400 + 200 per class
-FASHION_TRAIN_FILES, FASHION_TEST, FASHION_VAL = 60_000, 10_000, 5_000
-DIGITS = (1_797 - 600, 300, 300)  # digits.py: 300 test, 300 val, the rest train
+SVHN_TRAIN, SVHN_EXTRA, SVHN_TEST = 73_257, 531_131, 26_032
+FASHION_TRAIN_FILES, FASHION_TEST = 60_000, 10_000
+DIGITS_ALL = 1_797  # scikit-learn's digits
 
 
 class SplitSizes(NamedTuple):
@@ -27,21 +30,26 @@ class SplitSizes(NamedTuple):
         return "x".join(map(str, self.shape))
 
 
+def _default(loader, parameter: str):
+    """A loader's default for one of its parameters (its split rule)."""
+    return inspect.signature(loader).parameters[parameter].default
+
+
 def _full(name: str) -> SplitSizes:
     rgb, grey = (3, 32, 32), (1, 32, 32)
     if name in ("cifar10", "cifar100"):
         val = cifar_val_size(CIFAR_TRAIN_FILES)
         return SplitSizes(CIFAR_TRAIN_FILES - val, val, CIFAR_TEST, rgb)
     if name == "svhn":
-        val = 10 * (400 + 200)
+        val = 10 * sum(_default(load_svhn, "val_per_class"))  # per class from (train, extra), 10 classes
         return SplitSizes(SVHN_TRAIN + SVHN_EXTRA - val, val, SVHN_TEST, rgb)
     if name == "fashion-mnist":
-        return SplitSizes(FASHION_TRAIN_FILES - FASHION_VAL, FASHION_VAL, FASHION_TEST, grey)
+        return SplitSizes(FASHION_TRAIN_FILES - fashion.VAL_SIZE, fashion.VAL_SIZE, FASHION_TEST, grey)
     if name == "digits":
-        return SplitSizes(*DIGITS, rgb)
+        val, test = digits._DIGITS_VAL, digits._DIGITS_TEST
+        return SplitSizes(DIGITS_ALL - val - test, val, test, rgb)
     if name == "synthetic":
-        train, val, test = inspect.signature(load_synthetic).parameters["sizes"].default
-        return SplitSizes(train, val, test, rgb)
+        return SplitSizes(*_default(load_synthetic, "sizes"), rgb)
     raise ValueError(f"no split sizes known for data set {name!r}")
 
 

@@ -119,7 +119,8 @@ def stepped(cfg: DictConfig) -> bool:
 def check_stepped(cfg: DictConfig) -> None:
     """The steps policy's settings, each refused with a one-line error before anything trains."""
     s, key = cfg.experiment.lr_sweep, "experiment.lr_sweep"
-    missing, extra = [k for k in STEP_KEYS if s.get(k) is None], sorted(set(s) - set(STEP_KEYS))
+    missing = [k for k in STEP_KEYS if s.get(k) is None]
+    extra = sorted(k for k in set(s) - set(STEP_KEYS) if s.get(k) is not None)  # null: unset by a preset
     if missing or extra:
         what = f"lacks {', '.join(missing)}" if missing else f"has {', '.join(extra)} beside step"
         raise UserError(f"{key} {what}; the steps policy takes exactly {', '.join(STEP_KEYS)}")

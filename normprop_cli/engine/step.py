@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from normprop_cli.device import synchronize
 from normprop_cli.errors import first_line
 from normprop_cli.nn import constrain_unit_norm_
+from normprop_cli.nn.methods import is_kernel
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,19 @@ def make_optimizer(
 ) -> torch.optim.SGD:
     """Section 4.4's SGD, one fused kernel per step where torch has one (CPU and CUDA), over the
     parameters that learn (a frozen gain or bias is left out). `decay` says which take the weight
-    decay: `all`, or `weights`: the conv and linear weights (the tensors of 2 or more dimensions),
-    not the gains, biases and other per-unit parameters, as the normalisers' authors train them
-    (for a scale-invariant conv, decay on the gain of the normalisation changes the effective rate)."""
+    decay: `all`, or `weights`: the kernels, by their role as the model's norm declares it in the
+    registry (nn.methods.is_kernel: the conv and linear filters), not the gains, biases and other
+    per-unit parameters whatever their shape, as the normalisers' authors train them (for a
+    scale-invariant conv, decay on the gain of the normalisation changes the effective rate)."""
     if decay not in DECAY:
         raise ValueError(f"train.decay={decay} is not known; use one of {', '.join(DECAY)}")
-    learnt = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": learnt}]
+    learnt = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for _, p in learnt]}]
     if decay == "weights":
-        groups = [{"params": [p for p in learnt if p.ndim >= 2]},
-                  {"params": [p for p in learnt if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
+        norm = getattr(model, "norm", None)
+        kernels = [p for n, p in learnt if is_kernel(n, p, norm)]
+        others = [p for n, p in learnt if not is_kernel(n, p, norm)]
+        groups = [{"params": kernels}, {"params": others, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
     return torch.optim.SGD(
         groups,

@@ -39,6 +39,9 @@ class Norm:
     classifier: ConvFactory | None = None  # the last conv, no activation; None: the plain Glorot conv
     activations: tuple[str, ...] | None = None  # the activations it takes; None: any
     batch_statistics: bool = False  # training mode normalises by the batch's statistics (BN, BRN)
+    # the names (last component) of its kernels: the conv and linear filters, the only parameters that
+    # train.decay=weights decays; every other parameter is a gain, bias or other per-unit parameter
+    kernels: tuple[str, ...] = ("weight",)
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,13 @@ def register_norm(
     classifier: ConvFactory | None = None,
     activations: tuple[str, ...] | None = None,
     batch_statistics: bool = False,
+    kernels: tuple[str, ...] = ("weight",),
 ) -> Norm:
     """Make `NIN(norm=name)` build its hidden convs with `block` and its last with `classifier`
-    (None: a plain Glorot conv, as every method's under `model.classifier=plain`)."""
-    norm = Norm(block, classifier, tuple(activations) if activations is not None else None, batch_statistics)
+    (None: a plain Glorot conv, as every method's under `model.classifier=plain`). `kernels` names its
+    filters (a parameter's last name component); all its other parameters are gains and biases."""
+    activations = tuple(activations) if activations is not None else None
+    norm = Norm(block, classifier, activations, batch_statistics, tuple(kernels))
     NORMS[name] = norm
     return norm
 
@@ -87,16 +93,17 @@ def register_method(
     classifier: ConvFactory | None = None,
     activations: tuple[str, ...] | None = None,
     batch_statistics: bool = False,
+    kernels: tuple[str, ...] = ("weight",),
     model: Mapping[str, object] | None = None,
     train: Mapping[str, object] | None = None,
 ) -> Method:
     """Declare the method `name` (shown as `label`): the norm `norm` (default `name`), registered
-    here with `block`, `classifier`, `activations` and `batch_statistics` when `block` is given,
+    here with `block`, `classifier`, `activations`, `batch_statistics` and `kernels` when `block` is given,
     plus the NIN options (`model`, e.g. `{"jacobian": "init"}`) and training keys (`train`, e.g.
     `{"agc": 0.01}`) it sets. A ValueError where the norm is neither given a block nor known."""
     norm = norm or name
     if block is not None:
-        register_norm(norm, block, classifier, activations, batch_statistics)
+        register_norm(norm, block, classifier, activations, batch_statistics, kernels)
     elif norm not in NORMS:
         raise ValueError(f"method {name}: norm {norm!r} is not registered; give its block=")
     settings = {"model.norm": norm} | {f"model.{k}": v for k, v in (model or {}).items()}
@@ -130,3 +137,12 @@ def method_of(model_cfg) -> str:
         return norm
     jacobian = get("jacobian")
     return {"divide": "normprop-icml", "init": "normprop-arxiv"}.get(jacobian, f"normprop-{jacobian}")
+
+
+def is_kernel(name: str, parameter, norm: str | None = None) -> bool:
+    """Is this parameter (dotted `name` in its model) a kernel of `norm`: a filter of 2 or more dimensions
+    whose last name component the norm declares in `kernels` (default `weight`)? Everything else, the
+    gains, biases, thresholds and other per-unit parameters, is not (it takes no weight decay under
+    train.decay=weights, whatever its shape: weight norm's g and scaled WS's gain are C x 1 x 1 x 1)."""
+    kernels = NORMS[norm].kernels if norm in NORMS else ("weight",)
+    return parameter.ndim >= 2 and name.rsplit(".", 1)[-1] in kernels

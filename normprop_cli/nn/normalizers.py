@@ -314,11 +314,12 @@ register_method("none", "no normalisation", block=plain_block)
 register_method("batchnorm", "BatchNorm", block=batchnorm_block, batch_statistics=True)
 register_method("batchrenorm", "Batch Renorm", block=batchrenorm_block, batch_statistics=True)
 # as Salimans and Kingma train it: with the data-dependent initialisation
+# its kernel is the direction v (`original1`); the length g (`original0`, C x 1 x 1 x 1) is a gain
 register_method("weightnorm", "weight norm", block=weightnorm_block, classifier=weightnorm_conv,
-                model={"data_init": True})  # fmt: skip
+                kernels=("weight", "original1"), model={"data_init": True})  # fmt: skip
 register_method("layernorm", "LayerNorm", block=layernorm_block)
 register_method("groupnorm", "GroupNorm", block=groupnorm_block)
 register_method("ws-gn", "WS + GroupNorm", block=ws_gn_block)
-# with NFNets' adaptive gradient clipping (their factor 0.01)
+# with NFNets' adaptive gradient clipping (their factor 0.01); its `gain` (C x 1 x 1 x 1) is no kernel
 register_method("scaledws", "scaled WS (NF)", block=scaledws_block, train={"agc": 0.01})
 register_method("frn", "FRN + TLU", block=frn_block, activations=("relu",))  # its TLU is the activation

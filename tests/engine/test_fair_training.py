@@ -13,7 +13,7 @@ from normprop_cli.engine.step import StepOptions, clipped_parameters, make_optim
 from normprop_cli.experiments import grid
 from normprop_cli.nn import NIN
 from normprop_cli.nn.layers import NormPropConv2d
-from normprop_cli.nn.methods import method_of, settings
+from normprop_cli.nn.methods import METHODS, is_kernel, method_of, settings
 from normprop_cli.nn.nin import affine_parameters
 from normprop_cli.nn.normalizers import BatchRenorm2d, renorm_in_steps
 
@@ -26,6 +26,38 @@ def test_decay_on_weights_leaves_gains_and_biases_undecayed():
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     for p in net.parameters():
         assert (id(p) in decayed) == (p.ndim >= 2)
+
+
+def filters_of(net: nn.Module) -> set[str]:
+    """The names of the parameters that are filters by their shape and place, independently of the
+    registry: a conv's or linear's weight with more than one input element per output unit, or weight
+    norm's direction v; a gain or bias holds one value per output unit (or one in all)."""
+    names = set()
+    for name, p in net.named_parameters():
+        per_unit = p.numel() <= p.shape[0] if p.ndim else True
+        if not per_unit and name.rsplit(".", 1)[-1] in ("weight", "original1"):
+            names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_zero_gradient_step_with_decay_moves_the_kernels_alone(method):
+    """Decay by role, not by shape: with every gradient zero, an SGD step with weight decay under
+    train.decay=weights moves exactly the filters; every gain and bias (weight norm's g and scaled WS's
+    gain are C x 1 x 1 x 1) stays where it is. The paper's `all` moves everything that is nonzero."""
+    torch.manual_seed(0)
+    net = NIN(10, 1, width=0.125, **METHODS[method].model_options())
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.5)  # every parameter nonzero, so that decay would move it
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    opt = make_optimizer(net, 1.0, 0.0, 0.1, CPU, decay="weights")
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    moved = {n for n, p in net.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == filters_of(net) and moved, method
+    assert moved == {n for n, p in net.named_parameters() if is_kernel(n, p, net.norm)}
     everything = make_optimizer(net, 0.1, 0.9, 5e-4, CPU)  # the paper's runs: one group, all decayed
     (group,) = everything.param_groups
     assert len(group["params"]) == len(list(net.parameters())) and group["weight_decay"] == 5e-4

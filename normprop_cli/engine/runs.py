@@ -65,10 +65,12 @@ def run_dir(cfg: DictConfig, name: str) -> Path:
 
 def expand_grid(cfg: DictConfig) -> list[RunSpec]:
     """The experiment's `grid` (settings, each a few dotted overrides) times its seeds. An entry's
-    own `seeds: N` keeps only the first N of them (e.g. one costly full-width run)."""
+    own `seeds: N` keeps only the first N of them (e.g. one costly full-width run); its `extra_seeds: K`
+    adds the K seeds after them (e.g. where a comparison needs more seeds than the rest)."""
     specs = []
     for entry in cfg.get("grid") or [{"id": "default", "set": {}}]:
-        for k in range(min(int(cfg.seeds), int(entry.get("seeds") or cfg.seeds))):
+        n = min(int(cfg.seeds), int(entry.get("seeds") or cfg.seeds)) + int(entry.get("extra_seeds") or 0)
+        for k in range(n):
             seed = int(cfg.seed) + k
             run = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
             for key, value in (entry.get("set") or {}).items():

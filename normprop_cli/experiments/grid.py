@@ -79,7 +79,9 @@ def method_grid(experiment: DictConfig) -> list[dict]:
     setting <method>-b<batch size> each, at the rate `lr[i]` of its batch size times the method's
     `lr_scale` (default 1), the centre of its learning-rate sweep. Optional `epochs` and
     `lr_halve_every`, one per batch size, set those per batch size (a batch of 50 takes 1/50 of the
-    updates of a batch of 1 per epoch); else every setting trains train.epochs."""
+    updates of a batch of 1 per epoch); else every setting trains train.epochs. `extra_seeds`, {setting:
+    K}, gives a setting K seeds more than the others (e.g. {normprop-icml-b50: 2}: where a comparison at
+    batch 50 needs 5 seeds a side); a setting that is not in the grid is refused."""
     methods, sizes, rates = list(experiment.methods), list(experiment.batch_sizes), list(experiment.lr)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -94,11 +96,17 @@ def method_grid(experiment: DictConfig) -> list[dict]:
                 "batch size"
             )
     scale = experiment.get("lr_scale") or {}
+    extra = dict(experiment.get("extra_seeds") or {})
+    ids = {f"{m}-b{int(bs)}" for m in methods for bs in sizes}
+    if unknown := sorted(set(extra) - ids):
+        raise UserError(f"experiment.extra_seeds names {', '.join(unknown)}, not settings of the grid; use some of "
+                        f"{', '.join(sorted(ids))}")  # fmt: skip
     grid = []
     for i, bs in enumerate(sizes):
         schedule = {f"train.{k}": int(per_size[k][i]) for k in ("epochs", "lr_halve_every") if k in per_size}
         for m in methods:
             lr = float(f"{float(rates[i]) * float(scale.get(m, 1.0)):.6g}")
             sets = {"method": m} | settings(m) | {"train.batch_size": int(bs), LR: lr} | schedule
-            grid.append({"id": f"{m}-b{int(bs)}", "set": sets})
+            entry = {"id": f"{m}-b{int(bs)}", "set": sets}
+            grid.append(entry | ({"extra_seeds": int(extra[entry["id"]])} if entry["id"] in extra else {}))
     return grid

@@ -35,6 +35,9 @@ def cell(rows: list[dict], unit: str) -> str:
             digits = 2 if unit == "pp" else 3
             ci = format_ci(float(effect), float(row["ci_low"]), float(row["ci_high"]), digits=digits)
             text = f"**{row['verdict']}** {ci} {unit}".strip()
+            flips, n = row.get("loso_flips"), row.get("n_seeds")
+            if flips is not None and not pd.isna(flips):
+                text += f", {int(flips)}/{int(n)} leave-one-out flips"
         texts.append(f"{row['dataset']}: {text}" if len(rows) > 1 else text)
     return "<br>".join(texts)
 
@@ -55,8 +58,9 @@ def block(results: Path) -> str:
     report = f"{results.name}/REPORT.md"
     note = (
         f"Each cell: the verdict and the effect with its interval ({level}), oriented so that a positive "
-        f"effect favours the paper. [{report}]({report}) gives the margins, the seeds, both halves of the "
-        "seeds and every experiment."
+        "effect favours the paper, and how many of the subsets that leave one seed out reach another verdict. "
+        f"[{report}]({report}) gives the margins, the seeds, both halves of the seeds, each verdict's "
+        "break-even margin and its verdict at the best-validation epoch, and every experiment."
     )
     lines = [*markdown(table, ["claim", *names]), "", *textwrap.wrap(note, 110, break_on_hyphens=False)]
     return "\n".join(lines)

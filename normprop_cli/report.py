@@ -24,7 +24,9 @@ from normprop_cli.experiments import EXPERIMENTS, grid
 from normprop_cli.experiments.plateau import plateau_section
 from normprop_cli.statistics import format_ci, markdown
 from normprop_cli.verdicts import provenance, result_dirs
+from normprop_cli.verdicts.budget_text import budget_section
 from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F401 (augmentation: report's API)
+from normprop_cli.verdicts.robustness import robustness_text
 from normprop_cli.verdicts.shared import statement
 
 PRESET_ORDER = ("quick", "cpu", "fashion")  # the first table's columns; other presets follow by name
@@ -200,6 +202,7 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
             str(row["n_seeds"]) if row["n_seeds"] is not None else "—",
             _kind(row, c),
             _halves(row) if measured else "—",
+            robustness_text(row, c.unit) if measured else "—",
             row["test"] or "—",
             row["budget"] or "—",
         ]
@@ -215,6 +218,7 @@ def verdict_table(frame: pd.DataFrame) -> list[str]:
         "n seeds",
         "kind, level: threshold",
         "halves a / b",
+        "robustness",
         "test",
         "budget",
     ]
@@ -252,8 +256,8 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
     lines += [
         "Each cell: the verdict, the effect with its interval (95%, 90% for an equivalence claim) in the "
         "claim's unit, the number of seeds, and the verdicts on the two halves of the seeds. Each preset's "
-        "table in full, with the margins, the halves rule's outcome and the notes, follows; the rule is "
-        "under *How a verdict is reached*.",
+        "table in full, with the margins, the halves rule's outcome, each verdict's robustness and the notes, "
+        "follows; the rule and the robustness checks are under *How a verdict is reached*.",
         "",
     ]
     names = column_names(trees, root)
@@ -364,8 +368,11 @@ def write_report(results: Path) -> Path:
         *[line for note in left_out for line in (note, "")],
     ]
     lines += verdicts_section(ordered(trees, results), results)
-    lines += plateau_section(results) + experiments(results, results, trees[0].preset)
+    first = trees[0].preset
+    lines += budget_section(results, results, first, preset_experiments(first))
+    lines += plateau_section(results) + experiments(results, results, first)
     for tree in trees[1:]:
         lines += [f"# {tree.preset or tree.path.name} preset (`{tree.path.relative_to(results).as_posix()}/`)", ""]
+        lines += budget_section(tree.path, results, tree.preset, preset_experiments(tree.preset))
         lines += plateau_section(tree.path) + experiments(tree.path, results, tree.preset)
     return io.write_text(results / "REPORT.md", "\n".join(lines).rstrip() + "\n")

@@ -62,7 +62,7 @@ def test_pyproject_declares_every_third_party_import():
     import re
     import tomllib
 
-    distribution = {"sklearn": "scikit-learn", "hydra": "hydra-core"}  # import name -> distribution
+    distribution = {"sklearn": "scikit-learn", "hydra": "hydra-core", "yaml": "pyyaml"}  # import name -> distribution
     declared = {
         re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower()
         for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]

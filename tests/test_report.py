@@ -11,7 +11,10 @@ from normprop_cli import report, smoke, verdicts
 from normprop_cli.experiments import EXPERIMENTS
 from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
 
-TABLE_HEAD = "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | test | budget |"
+TABLE_HEAD = (
+    "| claim | verdict | effect [interval] | n seeds | kind, level: threshold | halves a / b | robustness | test "
+    "| budget |"
+)
 
 
 def test_report_renders_with_experiments_missing_and_names_them(cli):

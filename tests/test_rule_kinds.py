@@ -65,7 +65,7 @@ def test_every_estimator_takes_the_level():
         (V.one_sample(-1), pairs),
         (V.paired(+1), pairs),
         (rule.speedup, pairs),
-        (rule.spread_difference, spreads),
+        (rule.spread_ratio, spreads),
     ):
         e95, e90 = estimate(table), estimate(table, 0.90)
         assert e90.ci_low > e95.ci_low and e90.ci_high < e95.ci_high, estimate

@@ -14,7 +14,10 @@ clipping) come from its registration; NormProp's unit-norm constraint follows ev
 model with NormProp layers.
 `ratio_vs_none` and `ratio_vs_batchnorm` are the median over rounds of a method's step time over
 none's (batchnorm's) in the same round, `_low` and `_high` its distribution-free 95% interval
-(timing.paired_ratio; empty where that method was not timed).
+(timing.paired_ratio; empty where that method was not timed). `ratio_vs_fastest_independent` is the same
+against `fastest_independent`: of the methods timed at that configuration, the batch-independent normaliser
+(`Method.batch_statistics` False, none excepted; NormProp's forms included) with the lowest median step
+(timing.reference_ratios; empty where no such method was timed).
 
 Steps. For each width and batch size the methods are built side by side and stepped in turn,
 in a new seeded order every round, so that whatever else slows the machine hits all of them alike and

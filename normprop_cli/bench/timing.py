@@ -12,6 +12,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -25,7 +26,8 @@ from normprop_cli.nn.methods import METHODS, settings
 
 COLUMNS = ["method", "batch_size", "width", "precision", "device", "threads", "options", "steps",
            "step_ms_median", "step_ms_p10", "step_ms_p90", "ratio_vs_none", "ratio_vs_none_low", "ratio_vs_none_high",
-           "ratio_vs_batchnorm", "ratio_vs_batchnorm_low", "ratio_vs_batchnorm_high",
+           "ratio_vs_batchnorm", "ratio_vs_batchnorm_low", "ratio_vs_batchnorm_high", "fastest_independent",
+           "ratio_vs_fastest_independent", "ratio_vs_fastest_independent_low", "ratio_vs_fastest_independent_high",
            *(f"{p}_ms_median" for p in PHASES), "ops_per_step", "gflop_per_step", "gflops",
            "flush_denormal", "load_average", "finite"]  # fmt: skip
 LEAST_STEPS = {1: 100}  # timed steps per method at least, by batch size; 30 at the others
@@ -234,11 +236,34 @@ def paired_ratio(steps: list[float], reference: list[float], level: float = 0.95
     return statistics.median(ratios), low, high
 
 
-def _rows(times, phases, finite, counts, width, bs, precision, dev, options) -> list[dict]:
+def fastest_independent(times: Mapping[str, Sequence[float]]) -> str | None:
+    """Of the timed methods, the batch-independent normaliser (a registered method whose
+    `Method.batch_statistics` is False, none's plain network excepted) with the lowest median step;
+    the first in `times`' order on a tie; None where no such method was timed."""
+    independent = [m for m in times if m in METHODS and not METHODS[m].batch_statistics and METHODS[m].norm != "none"]
+    return min(independent, key=lambda m: statistics.median(times[m]), default=None)
+
+
+def reference_ratios(times: Mapping[str, Sequence[float]]) -> dict[str, dict[str, object]]:
+    """{method: its ratio columns}: `ratio_vs_{none, batchnorm, fastest_independent}` with their `_low` and
+    `_high` (paired_ratio of its per-round steps over the reference's; NaN where the reference was not
+    timed) and `fastest_independent`, that reference's name (None where there is none)."""
     nan3 = (float("nan"),) * 3
+    fastest = fastest_independent(times)
+    refs = {"none": "none", "batchnorm": "batchnorm", "fastest_independent": fastest}
+    columns = {}
+    for m, t in times.items():
+        vs = {col: paired_ratio(t, times[ref]) if ref in times else nan3 for col, ref in refs.items()}
+        columns[m] = {"fastest_independent": fastest,
+                      **{f"ratio_vs_{col}{end}": v for col, (mid, lo, hi) in vs.items()
+                         for end, v in (("", mid), ("_low", lo), ("_high", hi))}}  # fmt: skip
+    return columns
+
+
+def _rows(times, phases, finite, counts, width, bs, precision, dev, options) -> list[dict]:
+    ratios = reference_ratios(times)
     rows = []
     for m, t in times.items():
-        vs = {ref: paired_ratio(t, times[ref]) if ref in times else nan3 for ref in ("none", "batchnorm")}
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) > 1 else [t[0]] * 9
         phase_ms = {f"{p}_ms_median": statistics.median(phases[m][p]) if phases[m].get(p) else float("nan")
                     for p in PHASES}  # fmt: skip
@@ -248,8 +273,7 @@ def _rows(times, phases, finite, counts, width, bs, precision, dev, options) -> 
             "threads": torch.get_num_threads(), "options": describe(options), "steps": len(t),
             "step_ms_median": statistics.median(t),
             "step_ms_p10": q[0], "step_ms_p90": q[-1],
-            **{f"ratio_vs_{ref}{end}": v for ref, (mid, lo, hi) in vs.items()
-               for end, v in (("", mid), ("_low", lo), ("_high", hi))},
+            **ratios[m],
             **phase_ms, "ops_per_step": counts[m][0], "gflop_per_step": counts[m][1],
             "gflops": counts[m][1] / (statistics.median(t) / 1e3),
             "flush_denormal": denormals_flushed(dev), "load_average": _load(), "finite": finite[m],

@@ -219,6 +219,15 @@ def prose(key: str) -> bool:
     return key.startswith(PROSE)
 
 
+# How the experiment chose a run's settings, not what the run computes: the learning-rate sweep's policy
+# (lr_sweep.py) and the number of seeds a setting gets. The rate it chose, train.lr, is part of the run.
+CHOICE = ("experiment.lr_sweep.", "experiment.extra_seeds")
+
+
+def choice(key: str) -> bool:
+    return key.startswith(CHOICE)
+
+
 EXTENDABLE = "train.epochs"  # the one key a run may change: more epochs continue it where it stopped
 # How a step runs, not what it computes (engine/step.py: the float32 numbers, up to rounding, as on another
 # device): like the device, these may change when a run resumes (cuda_graph's default was false, now auto).
@@ -227,13 +236,14 @@ EXECUTION = ("train.channels_last", "train.compile", "train.cuda_graph")
 
 def config_differences(spec: RunSpec, path: Path) -> list[str]:
     """The keys of the run directory's config.yaml whose values differ in the spec's config (the
-    paper's text and numbers, PROSE, and how a step runs, EXECUTION, aside)."""
+    paper's text and numbers, PROSE, how a step runs, EXECUTION, and how its settings were chosen, CHOICE,
+    aside)."""
     stored_file = path / CONFIG
     if not stored_file.exists():
         return []
     stored, new = _flat(OmegaConf.load(stored_file)), _flat(spec.run_cfg)
     # A key the stored config lacks came after the run trained, with a default that keeps what it did.
-    return sorted(k for k in stored if not prose(k) and k not in EXECUTION and stored[k] != new.get(k))
+    return sorted(k for k in stored if not (prose(k) or choice(k)) and k not in EXECUTION and stored[k] != new.get(k))
 
 
 def extends(spec: RunSpec, path: Path, manifest: dict | None) -> bool:

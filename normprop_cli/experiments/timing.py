@@ -2,19 +2,30 @@
 
     normprop run timing [--preset paper]
 
-Each method trains a few epochs; the first is a warm-up (allocator, cuDNN autotuning) and the median
-of the others' `train_seconds` (the training pass alone, no evaluation) is a run's epoch time.
+The methods' runs train in rounds (experiments.interleave): per seed, round r trains epoch r of every
+method's run, one after another in an order shuffled per round by a generator seeded with the seed and
+the round, before any run trains epoch r + 1. A slow spell of a shared machine then falls on every method
+of a round alike. The first round is a warm-up (allocator, cuDNN autotuning); the later ones are timed,
+each epoch by its `train_seconds` (the training pass alone, no evaluation). One worker process per method
+trains its runs, one epoch per turn, with this command's threads; this process hands out the turns (no
+--jobs, no --launcher); a killed sweep resumes from each run's last finished epoch.
 
-The ratio of two methods (`ratio_vs_batchnorm`, `ratio_vs_none`) pairs their complete runs by seed:
-exp(mean over seeds of log(seconds of the method) - log(seconds of the base)), the geometric mean
-of the per-seed ratios of each run's median epoch seconds. It is the ratio behind the verdict on C6
-(its effect is 1 - this ratio). `pooled_ratio_vs_batchnorm` is the ratio of the two methods'
-`median_epoch_seconds`, the medians of all their runs' timed epochs pooled: another quantity, which
-differs where the seeds' runs differ in speed.
+The ratio of two methods (`ratio_vs_batchnorm`, `ratio_vs_none`) pairs their epochs round by round
+(verdicts.rounds): per seed, the geometric mean over its timed rounds of the method's seconds over the
+base's in the same round; over seeds, the geometric mean of those per-seed ratios (`seeds_vs_*` seeds,
+`rounds_vs_*` rounds in all). It is the ratio behind the verdict on C6 (its effect is 1 - this ratio,
+with a t interval over seeds on the log of the per-seed ratios). `pooled_ratio_vs_batchnorm` is the
+ratio of the two methods' `median_epoch_seconds`, the medians of all their runs' timed epochs pooled:
+not paired, shown for reference.
 
+rounds.csv   one row per epoch trained in a round: run, method, seed, round, position (1 = first in the
+             round's order), order (the round's order of the settings), process (the command's process
+             that handed out the turns: a round finished by another command after a kill pairs none of
+             its epochs), timed (false for the warm-up), train_seconds, finished (Unix seconds at the
+             epoch's end); gathered from each run's runs/<run>/rounds.csv, which its checkpoint keeps
 timing.csv   method, device, host, runs, epochs_timed, median_epoch_seconds, images_per_second,
-             ratio_vs_batchnorm, seeds_vs_batchnorm, ratio_vs_none, seeds_vs_none,
-             pooled_ratio_vs_batchnorm, paper_seconds, paper_ratio_vs_batchnorm
+             ratio_vs_batchnorm, seeds_vs_batchnorm, rounds_vs_batchnorm, ratio_vs_none, seeds_vs_none,
+             rounds_vs_none, pooled_ratio_vs_batchnorm, paper_seconds, paper_ratio_vs_batchnorm
 summary.csv  one row per run: engine columns + initial_lr, batch_size, epochs_timed, median_train_seconds,
              images_per_second
 timing.png/.pdf  seconds per epoch beside the paper's (experiment.paper_seconds, on experiment.paper_device),
@@ -26,17 +37,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli.engine import expand_grid
+from normprop_cli.engine.runs import say, sweep_dir
+from normprop_cli.errors import UserError
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
+from normprop_cli.experiments.interleave import OBSERVER, train_in_rounds
+from normprop_cli.verdicts.rounds import ROUND_COLUMNS, paired_ratio
 
-COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds",
-           "images_per_second", "ratio_vs_batchnorm", "seeds_vs_batchnorm", "ratio_vs_none", "seeds_vs_none",
-           "pooled_ratio_vs_batchnorm", "paper_seconds", "paper_ratio_vs_batchnorm"]  # fmt: skip
+COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds", "images_per_second",
+           "ratio_vs_batchnorm", "seeds_vs_batchnorm", "rounds_vs_batchnorm", "ratio_vs_none", "seeds_vs_none",
+           "rounds_vs_none", "pooled_ratio_vs_batchnorm", "paper_seconds", "paper_ratio_vs_batchnorm"]  # fmt: skip
 SECONDS = "median_train_seconds"  # summary.csv: a run's median training seconds over its timed epochs
 SETTINGS = {"initial_lr": "train.lr", "batch_size": "train.batch_size"}
 
@@ -57,29 +71,34 @@ def run_timing(epochs: pd.DataFrame, run: str, warmup: int) -> dict:
             "images_per_second": t["images_per_second"].median()}  # fmt: skip
 
 
-def paired_ratio(summary: pd.DataFrame, method: str, base: str) -> tuple[float, int]:
-    """(ratio, seeds): exp(mean over seeds of log(s_method) - log(s_base)), with s a complete run's
-    median epoch seconds (summary.csv's median_train_seconds), paired by seed: the geometric mean of
-    the per-seed ratios, the ratio whose 1 - ratio is C6's effect. NaN and 0 without a pair."""
-    if not len(summary) or SECONDS not in summary:
-        return math.nan, 0
-    done = summary[summary["status"] == "complete"] if "status" in summary else summary
-    done = done[np.isfinite(pd.to_numeric(done[SECONDS], errors="coerce"))]
-    wide = done.pivot_table(index="seed", columns="method", values=SECONDS, aggfunc="mean")
-    if method not in wide or base not in wide:
-        return math.nan, 0
-    pairs = pd.DataFrame({"method": wide[method], "base": wide[base]}).dropna()
-    if not len(pairs):
-        return math.nan, 0
-    return float(np.exp((np.log(pairs["method"]) - np.log(pairs["base"])).mean())), len(pairs)
+def rounds_table(marks: pd.DataFrame, epochs: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """rounds.csv: each run's turns (`marks`, its runs/<run>/rounds.csv gathered) with the epoch's
+    train_seconds (epochs.csv); `timed` after the warm-up, as `timed` reads it, per run."""
+    if not len(marks) or not len(epochs):
+        return pd.DataFrame(columns=ROUND_COLUMNS)
+    seconds = epochs[["run", "epoch", "train_seconds"]].rename(columns={"epoch": "round"})
+    t = marks.merge(seconds, on=["run", "round"], how="inner")
+    last = t.groupby("run")["round"].transform("max")
+    t["timed"] = (t["round"] > warmup) | (last <= warmup)
+    return t.sort_values(["seed", "round", "position"], kind="stable")[ROUND_COLUMNS].reset_index(drop=True)
 
 
-def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict, summary: pd.DataFrame) -> pd.DataFrame:
+def complete(summary: pd.DataFrame) -> list[str]:
+    """The runs summary.csv says are complete: a diverged run's epochs pair with none."""
+    if not len(summary) or "run" not in summary:
+        return []
+    return list(summary.loc[summary["status"] == "complete", "run"]) if "status" in summary else list(summary["run"])
+
+
+def timing_table(
+    epochs: pd.DataFrame, warmup: int, paper: dict, summary: pd.DataFrame, rounds: pd.DataFrame
+) -> pd.DataFrame:
     """One row per method: the median over its runs' timed epochs pooled, and the methods' ratios
-    paired by seed (paired_ratio, from summary.csv's per-run medians), beside the ratio of the pooled
-    medians (pooled_ratio_vs_batchnorm)."""
+    paired by round (verdicts.rounds.paired_ratio on rounds.csv, complete runs), beside the ratio of
+    the pooled medians (pooled_ratio_vs_batchnorm)."""
     if not len(epochs):
         return pd.DataFrame(columns=COLUMNS)
+    done = complete(summary)
     rows = []
     for method, g in epochs.groupby("method", sort=False):
         t = timed(g, warmup)
@@ -94,7 +113,9 @@ def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict, summary: pd.Dat
             "paper_seconds": paper.get(method, math.nan),
         }
         for base in ("batchnorm", "none"):
-            row[f"ratio_vs_{base}"], row[f"seeds_vs_{base}"] = paired_ratio(summary, method, base)
+            row[f"ratio_vs_{base}"], row[f"seeds_vs_{base}"], row[f"rounds_vs_{base}"] = paired_ratio(
+                rounds, method, base, done
+            )
         rows.append(row)
     table = pd.DataFrame(rows)
     seconds = table.set_index("method")["median_epoch_seconds"]
@@ -104,14 +125,22 @@ def timing_table(epochs: pd.DataFrame, warmup: int, paper: dict, summary: pd.Dat
     return table[COLUMNS]
 
 
+def read_rounds(cfg: DictConfig) -> pd.DataFrame:
+    """rounds.csv; none (no pairs) in a sweep written before the methods trained in rounds."""
+    path = sweep_dir(cfg) / "rounds.csv"
+    return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=ROUND_COLUMNS)
+
+
 def read_table(cfg: DictConfig) -> pd.DataFrame:
-    """timing.csv; one written before the ratios were paired by seed (other columns) is formed again
-    from epochs.csv and summary.csv, so that the figure and the report show the verdict's ratio."""
+    """timing.csv; one written before the ratios were paired by round (other columns) is formed again
+    from epochs.csv, summary.csv and rounds.csv (none: no pairs), so that the figure and the report
+    never show a ratio paired otherwise under the verdict's name."""
     table = tables.read(cfg, "timing")
     if list(table.columns) == COLUMNS:
         return table
     epochs, summary = tables.read(cfg, "epochs"), tables.read(cfg, "summary")
-    return timing_table(epochs, int(cfg.experiment.warmup_epochs), dict(cfg.experiment.paper_seconds), summary)
+    warmup, paper = int(cfg.experiment.warmup_epochs), dict(cfg.experiment.paper_seconds)
+    return timing_table(epochs, warmup, paper, summary, read_rounds(cfg))
 
 
 def paper_source(cfg: DictConfig) -> str:
@@ -152,7 +181,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     paired_bars(rel, table, "ratio_vs_batchnorm", "paper_ratio_vs_batchnorm", "reproduced", paper_ratio)
     rel.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
     rel.set_xticks(list(x), names)
-    rel.set_ylabel("epoch time / BatchNorm's (geometric mean of per-seed ratios)", fontsize=8)
+    rel.set_ylabel("epoch time / BatchNorm's (paired by round, geometric mean)", fontsize=8)
     rel.legend(frameon=False, fontsize=7)
     for panel, values in ((ax, table["median_epoch_seconds"]), (rel, table["ratio_vs_batchnorm"])):
         plots.note_if_empty(panel, values)
@@ -162,7 +191,7 @@ def plot(cfg: DictConfig) -> list[Path]:
 
 
 def headlines(cfg: DictConfig) -> list[dict]:
-    """Seconds per epoch of each method and the NormProp / BatchNorm ratio (paired by seed, the C6
+    """Seconds per epoch of each method and the NormProp / BatchNorm ratio (paired by round, the C6
     verdict's; and the ratio of the pooled medians, labelled), beside the paper's
     (experiment.paper_seconds): a GPU's seconds on CIFAR-10, labelled not comparable unless this sweep
     ran on CUDA with CIFAR-10."""
@@ -182,19 +211,21 @@ def headlines(cfg: DictConfig) -> list[dict]:
         )
     if "normprop" in table.index and "batchnorm" in table.index:
         r = table.loc["normprop"]
-        rows.append(
-            {
-                "quantity": "epoch time ratio NormProp / BatchNorm: geometric mean over "
-                f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's ratio of median epoch seconds (the C6 "
-                "verdict's ratio, its effect 1 - ratio)",
-                "reproduced": round(float(r["ratio_vs_batchnorm"]), 3),
-                "paper": f"{r['paper_ratio_vs_batchnorm']:.3f}{note}",
-            }
-        )
+        if r["seeds_vs_batchnorm"]:
+            rows.append(
+                {
+                    "quantity": "epoch time ratio NormProp / BatchNorm, paired by round: geometric mean over "
+                    f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's geometric mean, over its timed rounds "
+                    f"({int(r['rounds_vs_batchnorm'])} in all), of NormProp's / BatchNorm's seconds in the same "
+                    "round (the C6 verdict's ratio, its effect 1 - ratio)",
+                    "reproduced": round(float(r["ratio_vs_batchnorm"]), 3),
+                    "paper": f"{r['paper_ratio_vs_batchnorm']:.3f}{note}",
+                }
+            )
         rows.append(
             {
                 "quantity": "ratio of the pooled medians above, NormProp / BatchNorm (all runs' timed epochs "
-                "together; not paired by seed, not the verdict's)",
+                "together; not paired by round, not the verdict's)",
                 "reproduced": round(float(r["pooled_ratio_vs_batchnorm"]), 3),
                 "paper": "",
             }
@@ -203,32 +234,36 @@ def headlines(cfg: DictConfig) -> list[dict]:
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
-    """Which ratio the table shows, and why the ratio of the seconds above differs from it."""
+    """How the methods were timed and paired, and why the ratio of the seconds above differs."""
     table = read_table(cfg).set_index("method")
     if not {"normprop", "batchnorm"} <= set(table.index) or not table.loc["normprop", "seeds_vs_batchnorm"]:
-        return []  # no seed with both methods complete (e.g. every NormProp run diverged): no ratio to explain
+        return []  # no round with both methods' epochs of a complete run (e.g. every NormProp run diverged)
     r = table.loc["normprop"]
     return [
-        "The epoch time ratio NormProp / BatchNorm pairs the runs by seed: each complete run's median "
-        "training seconds over its timed epochs, the ratio of NormProp's to BatchNorm's for every seed, and "
-        f"the geometric mean of those ratios over the {int(r['seeds_vs_batchnorm'])} seeds, "
+        "The methods' runs trained in rounds: for each seed, epoch r of every method's run, one after another "
+        "in an order shuffled per round, before any trained epoch r + 1 (rounds.csv records each round's "
+        "order), so that a slow spell of the machine falls on every method of a round alike. The epoch "
+        "time ratio NormProp / BatchNorm pairs the epochs round by round: per seed, the geometric mean over "
+        "its timed rounds (after the warm-up) of NormProp's training seconds over BatchNorm's in the same "
+        f"round; over the {int(r['seeds_vs_batchnorm'])} seeds, the geometric mean of those ratios, "
         f"{float(r['ratio_vs_batchnorm']):.3f}. The verdict on C6 reads the same quantity (its effect is "
-        f"1 - ratio = {1.0 - float(r['ratio_vs_batchnorm']):.3f}). The seconds per epoch above are medians of "
-        "all runs' timed epochs pooled; their ratio, "
-        f"{float(r['pooled_ratio_vs_batchnorm']):.3f}, weighs slow and fast seeds otherwise and is shown "
-        "for reference only."
+        f"1 - ratio = {1.0 - float(r['ratio_vs_batchnorm']):.3f}, with a t interval over seeds on the log of "
+        "the per-seed ratios). The seconds per epoch above are medians of all runs' timed epochs pooled; "
+        f"their ratio, {float(r['pooled_ratio_vs_batchnorm']):.3f}, is not paired and is shown for "
+        "reference only."
     ]
 
 
 @experiment("timing", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
-    if cfg.get("jobs", 1) > 1 and cfg.launcher.name != "slurm":
-        # Runs sharing one machine would time each other: the timing runs go one at a time.
-        cfg.jobs = 1
-    # Seed by seed, the methods in turn: a slow spell of a shared machine then hits every method
-    # of a seed alike, instead of all the runs of one method (C6 pairs the methods by seed).
-    specs = sorted(expand_grid(cfg), key=lambda spec: spec.seed)
-    manifests = run_sweep(cfg, specs)
+    if OmegaConf.select(cfg, "launcher.name", default="none") != "none":
+        raise UserError(
+            "timing trains its runs in rounds in one process, the methods' epochs interleaved: run it "
+            "without --launcher (on a cluster, inside one job on one device)"
+        )
+    cfg.jobs = 1  # one epoch at a time: runs sharing one machine would time each other
+    specs = expand_grid(cfg)
+    manifests = train_in_rounds(cfg, specs)
     epochs = tables.gather(specs)
     if len(epochs):
         where = {spec.name: manifest or {} for spec, manifest in zip(specs, manifests, strict=True)}
@@ -240,6 +275,15 @@ def run(cfg: DictConfig) -> Path:
     out = tables.summarise(
         cfg, specs, manifests, lambda spec: tables.settings(spec, SETTINGS) | run_timing(epochs, spec.name, warmup)
     )
-    tables.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out)))
+    rounds = rounds_table(tables.gather(specs, OBSERVER), epochs, warmup)
+    tables.write(cfg, "rounds", rounds)
+    unpaired = sorted(set(epochs["run"]) - set(rounds["run"])) if len(epochs) else []
+    if unpaired:
+        say(
+            f"{len(unpaired)} run(s) ({', '.join(unpaired[:3])}{', ...' if len(unpaired) > 3 else ''}) have no "
+            f"rounds.csv: trained before the methods' epochs were interleaved, they pair with none; delete "
+            f"{sweep_dir(cfg) / 'runs'} to train them in rounds"
+        )
+    tables.write(cfg, "timing", timing_table(epochs, warmup, paper, pd.read_csv(out), rounds))
     plot(cfg)
     return out

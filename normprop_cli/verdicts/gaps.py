@@ -52,16 +52,17 @@ def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFra
     return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
 
 
-def effect_by_epoch(
+def effect_series(
     sweep: Path, runs: pd.DataFrame, column: str, normprop, baseline, within: str | None = None
-) -> list[str]:
-    """A verdict's effect after each epoch, from the runs' metrics.csv: the test accuracy where `column`
-    == normprop minus where it == baseline, paired by seed (and by `within`, then averaged over it),
-    mean over seeds. Does the effect hold still as the runs converge, or does it move with the budget?
-    (An accuracy difference is also the error difference the other way round: C5's BatchNorm minus
-    NormProp error is NormProp minus BatchNorm accuracy.)"""
+) -> pd.Series:
+    """A verdict's effect after each epoch (index: epoch), from the runs' metrics.csv: the test accuracy
+    where `column` == normprop minus where it == baseline, paired by seed (and by `within`, then averaged
+    over it), mean over seeds; empty where the runs have no per-epoch metrics. (An accuracy difference
+    is also the error difference the other way round: C5's BatchNorm minus NormProp error is NormProp
+    minus BatchNorm accuracy, so the series has the effect's orientation.)"""
+    empty = pd.Series(dtype=float, name="effect")
     if not {"run", "seed", column} <= set(runs.columns) or (within and within not in runs):
-        return []
+        return empty
     rows = []
     for r in runs.to_dict("records"):
         path = sweep / "runs" / str(r["run"]) / "metrics.csv"
@@ -70,10 +71,25 @@ def effect_by_epoch(
             key = {column: r[column], "seed": r["seed"], "within": r[within] if within else 0}
             rows += [key | {"epoch": e, "acc": a} for e, a in zip(m["epoch"], m["test_acc"], strict=True)]
     if not rows:
-        return []
+        return empty
     wide = pd.DataFrame(rows).pivot_table(index=["epoch", "within", "seed"], columns=column, values="acc")
     if normprop not in wide or baseline not in wide:
-        return []
+        return empty
     effect = (wide[normprop] - wide[baseline]).dropna().groupby(["epoch", "seed"]).mean().groupby("epoch").mean()
+    return effect.rename("effect")
+
+
+def epoch_note(effect: pd.Series) -> list[str]:
+    """'the effect after each epoch (mean over seeds): 1: +0.08, 2: +0.27, ...'; nothing for no epochs."""
+    if not len(effect):
+        return []
     text = ", ".join(f"{int(e)}: {g:+.2f}" for e, g in effect.items())
     return [f"the effect after each epoch (mean over seeds): {text}"]
+
+
+def effect_by_epoch(
+    sweep: Path, runs: pd.DataFrame, column: str, normprop, baseline, within: str | None = None
+) -> list[str]:
+    """Does the effect hold still as the runs converge, or does it move with the budget? effect_series
+    in words (epoch_note)."""
+    return epoch_note(effect_series(sweep, runs, column, normprop, baseline, within))

@@ -5,8 +5,6 @@ by claim id). A CSV or column that is not there raises NotMeasured."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,106 +12,33 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from normprop_cli import config
-from normprop_cli.outcomes import NEAR_CHANCE, diverged, learned_flags
 from normprop_cli.statistics import format_ci
 from normprop_cli.verdicts.divergence import summary_of, without_diverged
-from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_by_epoch, paired_gaps, worst_per_seed
+from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_series, epoch_note, paired_gaps, worst_per_seed
+from normprop_cli.verdicts.readings import (  # noqa: F401 (NotMeasured, Measurement: this module's API)
+    Measurement,
+    NotMeasured,
+    diverged_note,
+    error_of,
+    finished,
+    learned_note,
+    not_learned,
+    per_seed,
+    read,
+)
 from normprop_cli.verdicts.rule import (
-    RESAMPLES,
     Claim,
-    Estimate,
     level_of,
     one_sample,
     paired,
     paired_interval,
     speedup,
-    spread_difference,
+    spread_ratio,
     t_interval,
 )
 from normprop_cli.verdicts.sources import paper_protocol, plural
 
 EARLY_EPOCHS = 3  # C3's window when the run's config has no experiment.early_epochs (>= 3)
-
-
-class NotMeasured(Exception):
-    """The claim's CSV, or the columns it needs, are not there: its verdict is "not measured"."""
-
-
-@dataclass
-class Measurement:
-    table: pd.DataFrame  # per seed (or per seed and method); a `seed` column
-    estimate: Callable[[pd.DataFrame], Estimate]
-    test: str
-    metric: dict = field(default_factory=dict)  # values for the claim's {placeholders}
-    notes: list[str] = field(default_factory=list)
-    # the baseline's test error (%, mean over all seeds) that a claim's relative margin is a fraction
-    # of (Claim.relative_to); NaN where the claim has none
-    reference: float = math.nan
-    # where it stands on no runs (an experiment that trains nothing): its input, in the data set's
-    # column, and its budget
-    dataset: str = ""
-    budget: str = ""
-
-
-def read(path: Path, columns) -> pd.DataFrame:
-    """A CSV with the columns the claim needs, else NotMeasured naming what is missing."""
-    if not path.exists():
-        raise NotMeasured(f"no {path.name}")
-    frame = pd.read_csv(path)
-    if lacking := [c for c in columns if c not in frame.columns]:
-        raise NotMeasured(f"{path.name} has no column(s) {', '.join(lacking)}: rerun the experiment")
-    if not len(frame):  # e.g. epochs.csv of runs that all diverged in their first epoch
-        raise NotMeasured(f"{path.name} has no rows")
-    return frame
-
-
-def finished(summary: pd.DataFrame, value: str) -> pd.DataFrame:
-    """Complete runs with a finite `value`. Diverged runs are counted apart (diverged_note), never
-    averaged into an effect: their last finite metrics stay in the CSVs."""
-    done = summary[summary["status"] == "complete"] if "status" in summary else summary
-    return done[np.isfinite(pd.to_numeric(done[value], errors="coerce"))]
-
-
-def error_of(runs: pd.DataFrame, column: str = "final_test_acc") -> float:
-    """Mean test error (%) over the runs: the reference a relative margin is a fraction of."""
-    values = pd.to_numeric(runs[column], errors="coerce")
-    return float(100.0 - values.mean()) if "acc" in column else float(values.mean())
-
-
-def not_learned(summary: pd.DataFrame) -> pd.Series:
-    """True where the summary says the run did not learn; False where it says nothing."""
-    return learned_flags(summary).eq(False)
-
-
-def learned_note(runs: pd.DataFrame) -> list[str]:
-    """Accuracy claims keep runs that did not learn (failing to learn is an outcome); say how many."""
-    k = int(not_learned(runs).sum())
-    if not k:
-        return []
-    return [f"{k} of {len(runs)} runs did not learn (final accuracy {NEAR_CHANCE}); they count"]
-
-
-def diverged_note(runs: pd.DataFrame, by: str | None = None) -> list[str]:
-    """'k of n runs diverged (...): counted apart, their seeds' pairs left out of the effect'. `runs` is
-    the summary before `finished` (all statuses); `by` names the column that tells the arms apart."""
-    bad = runs[diverged(runs)]
-    if not len(bad):
-        return []
-    where = ""
-    if by and by in bad:
-        where = " (" + ", ".join(f"{key}: {len(g)}" for key, g in bad.groupby(by, sort=False)) + ")"
-    return [f"{len(bad)} of {len(runs)} runs diverged{where}: counted apart, their seeds' pairs left out of the effect"]
-
-
-def per_seed(runs: pd.DataFrame, value: str, column: str, normprop, baseline, within: str | None = None):
-    """seed, normprop, baseline: `value` where `column` == normprop / baseline, paired by seed (and by
-    `within`, then averaged over it); only the pairs where both exist."""
-    index = ["seed"] + ([within] if within else [])
-    wide = runs.pivot_table(index=index, columns=column, values=value, aggfunc="mean")
-    if normprop not in wide or baseline not in wide:
-        raise NotMeasured(f"no runs with {column} = {normprop} and {column} = {baseline}")
-    wide = wide[[normprop, baseline]].dropna().groupby("seed").mean()
-    return pd.DataFrame({"seed": wide.index, "normprop": wide[normprop].values, "baseline": wide[baseline].values})
 
 
 def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
@@ -126,14 +51,15 @@ def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     for size, runs_of_size in runs.groupby("batch_size"):  # where the effect comes from
         e = one_sample(+1)(per_seed(runs_of_size, "final_test_acc", "data_norm", "global", "batch"))
         notes.append(f"at batch {int(size)}: {format_ci(e.effect, e.ci_low, e.ci_high)} pp over {e.n_seeds} seeds")
-    notes += effect_by_epoch(sweep, runs, "data_norm", "global", "batch", within="batch_size")
+    by_epoch = effect_series(sweep, runs, "data_norm", "global", "batch", within="batch_size")
     return Measurement(
         table,
         one_sample(+1),
         "one-sample t on per-seed differences",
         {"sizes": sizes},
-        notes + learned_note(runs) + diverged_note(summary, "setting"),
+        notes + epoch_note(by_epoch) + learned_note(runs) + diverged_note(summary, "setting"),
         reference,
+        by_epoch=by_epoch,
     )
 
 
@@ -231,8 +157,8 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     if window < wanted:
         notes.append(f"the runs have only {window} epoch(s); the window is cut to them")
     notes += learned_note(summary) + diverged_note(summary, "setting")
-    test = f"percentile bootstrap, {RESAMPLES:,} resamples, methods resampled independently"
-    return Measurement(table, spread_difference, test, {"window": f"1-{window}"}, notes)
+    test = "F interval on the ratio of the two variances (normal values, independent samples)"
+    return Measurement(table, spread_ratio, test, {"window": f"1-{window}"}, notes)
 
 
 def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
@@ -265,14 +191,15 @@ def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
         mean, low, high = paired_interval(same["normprop"], same["baseline"], level=level)
         notes.append(f"at equal updates ({equal[0]}: {top_updates:,} updates at batch 1): "
                      f"{format_ci(mean, low, high)} pp ({level:.0%} interval, {len(same)} seeds)")  # fmt: skip
-    notes += effect_by_epoch(sweep, pick, "batch_size", 1, sizes[-1])
+    by_epoch = effect_series(sweep, pick, "batch_size", 1, sizes[-1])
     return Measurement(
         table,
         paired(+1),
         "paired t over seeds",
         {"largest": sizes[-1]},
-        notes + learned_note(runs) + diverged_note(normprop, "setting"),
+        notes + epoch_note(by_epoch) + learned_note(runs) + diverged_note(normprop, "setting"),
         reference,
+        by_epoch=by_epoch,
     )
 
 
@@ -283,30 +210,36 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     reference = float(table["baseline"].mean())
     augment = "/".join(str(a) for a in runs["augment"].unique())
     notes = ["normprop / baseline = test error (%)"]
-    notes += effect_by_epoch(sweep, runs, "method", "normprop", "batchnorm", within="augment")
+    by_epoch = effect_series(sweep, runs, "method", "normprop", "batchnorm", within="augment")
     return Measurement(
         table,
         one_sample(-1),
         "one-sample t on per-seed differences",
         {"augment": augment},
-        notes + learned_note(runs) + diverged_note(summary, "setting"),
+        notes + epoch_note(by_epoch) + learned_note(runs) + diverged_note(summary, "setting"),
         reference,
+        by_epoch=by_epoch,
     )
 
 
 def c6_timing(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    summary = read(sweep / "summary.csv", ["method", "seed", "median_train_seconds", "device"])
+    from normprop_cli.verdicts import rounds  # the pairing of epochs timed in the same round
+
+    summary = read(sweep / "summary.csv", ["run", "method", "seed", "median_train_seconds", "device"])
     runs = finished(summary, "median_train_seconds")
-    table = per_seed(runs, "median_train_seconds", "method", "normprop", "batchnorm")
-    devices = sorted(runs["device"].astype(str).unique())
-    dataset = prov.get("dataset", sweep.name)
-    notes = ["normprop / baseline = seconds per training epoch (mean over seeds)"]
+    timed = read(sweep / "rounds.csv", rounds.ROUND_COLUMNS)
+    table = rounds.paired_seconds(timed, "normprop", "batchnorm", runs["run"])
+    if not len(table):
+        raise NotMeasured("rounds.csv pairs no complete NormProp and BatchNorm runs' epochs in a timed round")
+    devices, dataset = sorted(runs["device"].astype(str).unique()), prov.get("dataset", sweep.name)
+    notes = ["normprop / baseline = seconds per training epoch (per seed the geometric mean over its rounds "
+             f"paired by round, {int(table['rounds'].sum())} in all; mean over seeds)"]  # fmt: skip
     if any(not d.startswith("cuda") for d in devices) or dataset != "cifar10":
         notes.append(
             f"{'/'.join(d.upper() if d == 'cpu' else d for d in devices)} seconds on {dataset}: not "
             f"comparable with the paper's {paper_protocol(claim.experiment, dataset).experiment.paper_device} figure"
         )
-    return Measurement(table, speedup, "paired t on log seconds, mapped back to 1 - ratio", {}, notes)
+    return Measurement(table, speedup, rounds.TEST, {}, notes)
 
 
 def deviations(propagation: pd.DataFrame, jacobian: str, method: str = "normprop") -> pd.DataFrame:

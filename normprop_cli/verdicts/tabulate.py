@@ -12,6 +12,8 @@ from normprop_cli import hints, io
 from normprop_cli.verdicts.departures import protocol_note
 from normprop_cli.verdicts.divergence import Divergence, divergence
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
+from normprop_cli.verdicts.robustness import COLUMNS as ROBUSTNESS
+from normprop_cli.verdicts.robustness import best_validation_verdict, robustness
 from normprop_cli.verdicts.rule import (
     INCONCLUSIVE,
     NOT_MEASURED,
@@ -28,7 +30,7 @@ from normprop_cli.verdicts.sources import budget, provenance, result_dirs
 
 COLUMNS = ["dataset", "preset", "claim", "source", "experiment", "metric", "normprop", "baseline",
            "effect", "ci_low", "ci_high", "test", "margin", "n_seeds", "verdict", "verdict_half_a",
-           "verdict_half_b", "halves", "budget", "note"]  # fmt: skip
+           "verdict_half_b", "halves", *ROBUSTNESS, "budget", "note"]  # fmt: skip
 
 
 def judge(claim: Claim, m: Measurement) -> dict:
@@ -52,6 +54,7 @@ def judge(claim: Claim, m: Measurement) -> dict:
         "verdict_half_a": a,
         "verdict_half_b": b,
         "halves": check,
+        "on_all": on_all,  # before the halves rule (robustness's leave-one-out compares with it)
     }
 
 
@@ -109,6 +112,9 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         if gone and not judged["n_seeds"]:
             rows.append(row | diverged_row(gone, prov))
             continue
+        measure = lambda c=claim, s=sweep, p=prov: MEASURES[c.id](c, s, p)  # noqa: E731
+        at_best = lambda c=claim, f=measure: best_validation_verdict(f, lambda mm: judge(c, mm))  # noqa: E731
+        judged |= robustness(claim, m, judged, level_of(claim.kind), judged.pop("on_all"), at_best)
         rows.append(row | {"metric": claim.metric.format(**m.metric)} | judged | {"note": "; ".join(notes)})
     return rows
 
@@ -133,7 +139,7 @@ def table(results: Path) -> pd.DataFrame:
     preset = tree_preset(results)
     rows = [row for claim in claims() for row in rows_of(claim, results, preset)]
     frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    return frame.astype({"n_seeds": "Int64"})
+    return frame.astype({"n_seeds": "Int64", "loso_flips": "Int64"})
 
 
 def write_verdicts(results: Path, frame: pd.DataFrame | None = None) -> Path:

@@ -1,6 +1,7 @@
 """`normprop bench` on a tiny configuration: its columns and its arithmetic, never its timings."""
 
 import math
+import statistics
 
 import pandas as pd
 import pytest
@@ -49,6 +50,8 @@ def test_ratios_are_paired_by_round_with_an_interval_around_them(bench):
         rows = group.set_index("method")
         assert rows.loc["none", "ratio_vs_none"] == 1.0 and rows.loc["batchnorm", "ratio_vs_batchnorm"] == 1.0
         assert (rows["ratio_vs_none"] > 0).all() and rows["ratio_vs_none_low"].isna().all()
+        assert (rows["fastest_independent"] == "normprop-icml").all()  # the one batch-independent normaliser
+        assert rows.loc["normprop-icml", "ratio_vs_fastest_independent"] == 1.0
         assert (group["step_ms_p10"] <= group["step_ms_median"] + 1e-9).all()
 
 
@@ -63,6 +66,61 @@ def test_a_paired_ratio_is_the_median_of_the_rounds_with_its_binomial_interval()
     assert (low, high) == (ratios[39], ratios[60])  # n = 100: the 40th and the 61st order statistics
     drift = [2.0 * 1.5**k for k in range(40)]  # the machine slows down: both sides of every round alike
     assert paired_ratio(drift, [d / 2 for d in drift]) == (2.0, 2.0, 2.0)
+
+
+def test_the_fastest_independent_normaliser_is_a_paired_reference_computed_by_hand():
+    """On made-up per-round times: none and batchnorm are the fastest, yet the reference is the batch-independent
+    normaliser with the lowest median step (layernorm), and every ratio is the median of the round ratios."""
+    from normprop_cli.bench.timing import fastest_independent, paired_ratio, reference_ratios
+
+    times = {"none": [1.0, 1.0, 1.0], "batchnorm": [2.0, 2.0, 2.0], "layernorm": [4.0, 3.0, 5.0],
+             "normprop-icml": [5.0, 6.0, 4.5], "online": [10.0, 9.0, 10.0]}  # fmt: skip
+    assert fastest_independent(times) == "layernorm"  # medians 4 < 5 < 9; none's 1 and batchnorm's 2 don't count
+    ratios = reference_ratios(times)
+    assert {r["fastest_independent"] for r in ratios.values()} == {"layernorm"}
+    assert ratios["layernorm"]["ratio_vs_fastest_independent"] == 1.0
+    assert ratios["normprop-icml"]["ratio_vs_fastest_independent"] == 1.25  # median of 5/4, 6/3, 4.5/5
+    assert ratios["batchnorm"]["ratio_vs_fastest_independent"] == 0.5  # median of 2/4, 2/3, 2/5
+    assert ratios["online"]["ratio_vs_fastest_independent"] == 2.5  # median of 10/4, 9/3, 10/5
+    many = {"layernorm": [1.0 + k % 7 for k in range(50)], "groupnorm": [3.0 + k % 5 for k in range(50)]}
+    low_high = reference_ratios(many)["groupnorm"]
+    expected = paired_ratio(many["groupnorm"], many["layernorm"])  # the interval is paired_ratio's, as vs none
+    assert tuple(low_high[f"ratio_vs_fastest_independent{end}"] for end in ("", "_low", "_high")) == expected
+    assert not math.isnan(expected[1])
+    plain = reference_ratios({"none": [1.0], "batchnorm": [2.0], "batchrenorm": [3.0]})
+    assert fastest_independent({"none": [1.0], "batchnorm": [2.0]}) is None
+    for row in plain.values():  # no batch-independent normaliser timed: the columns are empty
+        assert row["fastest_independent"] is None and math.isnan(row["ratio_vs_fastest_independent"])
+        assert all(math.isnan(row[f"ratio_vs_fastest_independent{end}"]) for end in ("_low", "_high"))
+
+
+def test_a_bench_takes_its_fastest_independent_normaliser_at_each_configuration(tmp_path, monkeypatch):
+    """A tiny bench: the reference is layernorm or NormProp, never none or BatchNorm; it has ratio 1 to itself,
+    and every ratio is the median of the round-by-round ratios of the steps it timed."""
+    from normprop_cli.bench import timing as bench_timing
+
+    timed, measured = ("none", "batchnorm", "layernorm", "normprop-icml"), []
+    step_times = bench_timing.step_times
+
+    def recorded(*args, **kwargs):  # the per-round step times the bench computed its ratios from
+        measured.append(step_times(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(bench_timing, "step_times", recorded)
+    table = run_bench(batch_sizes=(1,), widths=(0.125,), steps=3, warmup=1, device="cpu", results_dir=tmp_path,
+                      epochs=0, preset="smoke", quiet=True, precisions=("float32",), methods=timed)  # fmt: skip
+    [(times, *_)] = measured
+    rows = table.set_index("method")
+    fastest = rows["fastest_independent"].unique().tolist()
+    assert len(fastest) == 1 and fastest[0] in ("layernorm", "normprop-icml")
+    assert rows.loc[fastest[0], "step_ms_median"] == rows.loc[["layernorm", "normprop-icml"], "step_ms_median"].min()
+    assert rows.loc[fastest[0], "ratio_vs_fastest_independent"] == 1.0
+    for m in timed:
+        by_hand = statistics.median(a / b for a, b in zip(times[m], times[fastest[0]], strict=True))
+        assert rows.loc[m, "ratio_vs_fastest_independent"] == pytest.approx(by_hand, rel=1e-12), m
+    assert rows["ratio_vs_fastest_independent_low"].isna().all()  # 3 rounds: too few for a 95% interval
+    on_disk = pd.read_csv(tmp_path / "bench" / "bench.csv")
+    assert list(on_disk.columns) == COLUMNS and set(on_disk["fastest_independent"]) == set(fastest)
 
 
 def conv_flops(model, x) -> float:
@@ -202,6 +260,7 @@ def test_methods_pick_a_subset_and_ratios_need_their_reference(cli):
     table = pd.read_csv(cli.results / "bench" / "bench.csv")
     assert list(table["method"]) == ["batchnorm", "normprop-arxiv"]
     assert table["ratio_vs_none"].isna().all()  # none was not timed
+    assert (table["fastest_independent"] == "normprop-arxiv").all()  # the one batch-independent normaliser timed
     assert table.set_index("method").loc["batchnorm", "ratio_vs_batchnorm"] == 1.0
     assert choose_methods(None) == tuple(METHODS)
 

@@ -153,6 +153,25 @@ def test_how_a_step_runs_may_change_when_a_run_goes_on(cli):
     assert result.exit_code == 2 and "train.amp" in result.output
 
 
+def test_how_a_rate_was_chosen_is_not_part_of_a_run_but_the_rate_is(tmp_path):
+    """A run trained at lr 0.001 is the same run whether a one-epoch sweep on one seed or a six-epoch
+    sweep on two seeds chose that rate (experiment.lr_sweep), and however many seeds its setting has
+    (experiment.extra_seeds); another rate is another run."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli.engine.runs import CONFIG, RunSpec, config_differences
+
+    stored = {"seed": 0, "train": {"lr": 0.001, "epochs": 12},
+              "experiment": {"name": "batch-size", "lr_sweep": {"factors": [0.5, 1.0, 2.0], "epochs": 1}}}  # fmt: skip
+    (tmp_path / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(stored)))
+    now = OmegaConf.create(stored)
+    now.experiment.lr_sweep = {"factors": None, "step": 2.0, "points": 3, "extend": 4, "seeds": [100, 101], "epochs": 6}
+    now.experiment.extra_seeds = {"normprop-b1": 2}
+    assert config_differences(RunSpec("normprop-b1-s0", "normprop-b1", 0, now), tmp_path) == []
+    now.train.lr = 0.0005
+    assert config_differences(RunSpec("normprop-b1-s0", "normprop-b1", 0, now), tmp_path) == ["train.lr"]
+
+
 def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
     """Augmentation: flips for CIFAR, translations for digits, none for SVHN (asking for it is refused)."""
     from normprop_cli import config

@@ -3,12 +3,13 @@
 import itertools
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from normprop_cli import config, io
@@ -217,3 +218,34 @@ def test_findings_cite_the_measured_numbers_whichever_way_they_come_out(tmp_path
     text = " ".join(drift.paragraphs(fabricated(tmp_path / "b", ratio_final=1.04, abs_mean_np=0.2)))
     assert "1.04" in text and "supports claim C2" not in text  # drift 3.0 > 1.0: not closer on both
     assert "the premise fails" not in text and "do not show" in text
+
+
+def with_run_configs(cfg: DictConfig, experiment: str, decays: dict) -> None:
+    """runs/<run>/config.yaml for {run: train.decay} under `experiment`'s sweep beside cfg's, no training."""
+    for run, decay in decays.items():
+        train = {"weight_decay": 0.0005} | ({"decay": decay} if decay is not None else {})
+        io.write_text(Path(cfg.results_dir) / experiment / cfg.dataset.name / "runs" / run / "config.yaml",
+                      OmegaConf.to_yaml({"train": train}))  # fmt: skip
+
+
+def test_the_report_says_which_parameters_the_runs_decay_read_from_their_configs(tmp_path):
+    """The decay comes from the reported runs' config.yaml (not the sweep's), against the normalizers
+    experiment's runs, with the reason: the paper's experiments (covariate-shift) decay every parameter."""
+    from normprop_cli.experiments.drift.findings import decay_finding
+
+    cfg = fabricated(tmp_path / "a", ratio_final=3.21, abs_mean_np=1.87)
+    assert decay_finding(cfg) == ""  # no run's config.yaml: nothing to say
+    runs = {f"{m}-s{s}": "all" for m in ("normprop", "batchnorm") for s in (0, 1)}
+    with_run_configs(cfg, "drift", runs | {"sweep-normprop-lr0.1-s100": "weights"})
+    assert "normalizers experiment's runs use `train.decay: weights`" in decay_finding(cfg)  # its config's
+    with_run_configs(cfg, "normalizers", {"normprop-icml-b1-s0": "weights", "groupnorm-b1-s0": "weights"})
+    text = decay_finding(cfg)
+    assert text.count(". ") == 0 and text.startswith("*Weight decay.* The 4 runs here use `train.decay: all`")
+    assert "while the normalizers experiment's runs use `train.decay: weights` (the kernels alone" in text
+    assert "(covariate-shift), which weight-decay every parameter, so it trains them the same way." in text
+    assert text in drift.paragraphs(cfg)
+    with_run_configs(cfg, "drift", {"normprop-s0": None} | {"batchnorm-s0": "weights"})  # None: before decay existed
+    text = decay_finding(cfg)
+    assert "`train.decay: all` (every parameter, gains and biases included; weight decay 0.0005) in 3 runs" in text
+    assert "`train.decay: weights` (the kernels alone; weight decay 0.0005) in 1 run" in text
+    assert text.endswith("though not every run here does.")

@@ -4,9 +4,11 @@ batch size against the reference (NormProp), with the population drift and BN's 
 import copy
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+from omegaconf import open_dict
 from torch import nn
 from typer.testing import CliRunner
 
@@ -63,6 +65,25 @@ def test_the_report_ranks_and_names_who_beats_normprop(sweep):
     assert len(normalizers.headlines(cfg)) >= 2
 
 
+def test_rows_whose_runs_are_not_finished_are_named_as_from_an_earlier_training(sweep, tmp_path):
+    import shutil
+
+    copy = tmp_path / "results" / "normalizers" / "synthetic"
+    shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("*.pt", "*.lock"))
+    cfg = grid.load("normalizers", preset="smoke", overrides=["results_dir=" + str(copy.parents[1])])
+    assert "Not yet retrained" not in "\n".join(normalizers.paragraphs(cfg))
+    for run in ("groupnorm-b1-s0", "groupnorm-b8-s0"):
+        shutil.rmtree(copy / "runs" / run)  # removed to retrain
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert "*Not yet retrained.* 2 of the 12 rows of `summary.csv` (GroupNorm) name runs" in text
+    metrics = copy / "runs" / "batchnorm-b1-s0" / "metrics.csv"  # retrained since: other numbers
+    m = pd.read_csv(metrics)
+    m.loc[m.index[-1], "test_acc"] += 1.0
+    m.to_csv(metrics, index=False)
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert "*Not yet retrained.* 3 of the 12 rows of `summary.csv` (BatchNorm, GroupNorm) name runs" in text
+
+
 def test_method_grid_builds_every_method_from_the_registry():
     cfg = grid.load("normalizers", preset="quick")
     ids = [e.id for e in cfg.grid]
@@ -77,6 +98,28 @@ def test_method_grid_builds_every_method_from_the_registry():
         grid.load("normalizers", overrides=["experiment.methods=[nope]"])
     with pytest.raises(UserError, match="one per batch size"):
         grid.load("normalizers", overrides=["experiment.lr=[0.1]"])
+
+
+def test_extra_seeds_give_one_setting_more_seeds_and_an_unknown_setting_is_refused():
+    """experiment.extra_seeds (set in a preset's YAML, e.g. normalizers_fashion.yaml)."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli.engine import expand_grid
+
+    cfg = grid.load("normalizers", preset="quick")
+    with open_dict(cfg):
+        cfg.experiment.extra_seeds = {"normprop-icml-b10": 2}
+        cfg.grid = OmegaConf.create(grid.method_grid(cfg.experiment))
+    seeds = {}
+    for spec in expand_grid(cfg):
+        seeds.setdefault(spec.setting, []).append(spec.seed)
+    n = int(cfg.seeds)
+    assert seeds["normprop-icml-b10"] == list(range(n + 2))  # the seeds after the others', not new ones
+    assert all(v == list(range(n)) for k, v in seeds.items() if k != "normprop-icml-b10")
+    with open_dict(cfg):
+        cfg.experiment.extra_seeds = {"nope-b10": 2}
+    with pytest.raises(UserError, match="experiment.extra_seeds names nope-b10, not settings of the grid"):
+        grid.method_grid(cfg.experiment)
 
 
 def test_welch_reading_matches_the_interval():
@@ -199,3 +242,109 @@ def test_the_finding_says_none_was_shown_to_beat_the_reference_or_that_the_refer
     assert _finding(g, 1, "NormProp", "normprop-icml") == (
         "At batch 1, every run of NormProp diverged: no method is compared with it."
     )
+
+
+def summary_of(accuracies: dict, train_mode: dict | None = None) -> pd.DataFrame:
+    """summary.csv's rows for {(batch size, method): [final test accuracy per seed]}, no training; None is a
+    run that diverged. `train_mode`: {(batch size, method): [training-mode accuracy per seed]}."""
+    rows = []
+    for (bs, method), values in accuracies.items():
+        for seed, acc in enumerate(values):
+            gone = acc is None
+            row = {"run": f"{method}-b{bs}-s{seed}", "setting": f"{method}-b{bs}", "normalizer": method,
+                   "batch_size": bs, "initial_lr": 0.01, "status": "diverged" if gone else "complete",
+                   "learned": not gone, "final_test_acc": math.nan if gone else acc,
+                   "best_val_test_acc": math.nan if gone else acc, "step_ms": 1.0, "drift": 0.5}  # fmt: skip
+            if train_mode and (bs, method) in train_mode:
+                row |= {"train_mode_acc": train_mode[bs, method][seed], "eval_mode_acc": acc}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+REF, GN, LN = [80.0, 81.0, 83.0], [84.0, 86.0, 85.0], [70.0, 72.0, 71.0]
+
+
+def written(tmp_path, summary: pd.DataFrame):
+    """The smoke config on `tmp_path`, with normalizers.csv formed from `summary` (tables.table)."""
+    from normprop_cli.experiments.tables import write
+
+    cfg = config.load("normalizers", preset="smoke", results_dir=tmp_path)
+    write(cfg, "summary", summary)
+    write(cfg, "normalizers", normalizers.table(cfg, summary))
+    return cfg
+
+
+def test_the_correction_sentence_says_welch_in_pp_bonferroni_over_the_tables_comparisons(tmp_path):
+    """3 comparisons: two at batch 1, one at batch 8 (LayerNorm there has one run that did not diverge, so it
+    is not compared); the report says Welch, pp, Bonferroni and 3 as the table has them, and no Holm."""
+    once = [None, None, 75.0]
+    summary = summary_of({(1, "normprop-icml"): REF, (1, "groupnorm"): GN, (1, "layernorm"): LN,
+                          (8, "normprop-icml"): REF, (8, "groupnorm"): GN, (8, "layernorm"): once})  # fmt: skip
+    cfg = written(tmp_path, summary)
+    table = normalizers.read_table(cfg)
+    assert int(table["compared"].sum()) == 3 == normalizers.comparisons(summary, "normprop-icml")
+    assert table["diff_level"].eq(1 - 0.05 / 3).all()
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert "Welch" in text and "in pp" in text and "Bonferroni-corrected over the 3 comparisons" in text
+    assert "(2 at batch 1, 1 at batch 8)" in text and "1 - 0.05/3 = 98.33%" in text
+    assert "Holm" not in text and "MDD (pp)" in text
+    assert "[98.33% Welch CI]" in text
+    assert "At batch 8, no method was shown to beat NormProp (ICML), which means only that none was shown to" in text
+    everywhere = summary_of({(b, m): a for b in (1, 8) for m, a in (("normprop-icml", REF), ("groupnorm", GN),
+                                                                     ("layernorm", LN))})  # fmt: skip
+    text = "\n".join(normalizers.paragraphs(written(tmp_path / "b", everywhere)))
+    assert "(2 methods x 2 batch sizes)" in text and "1 - 0.05/4 = 98.75%" in text
+
+
+def test_mdd_is_the_welch_power_formula_at_the_corrected_level(tmp_path):
+    from scipy import stats
+
+    summary = summary_of({(1, "normprop-icml"): REF, (1, "groupnorm"): GN, (1, "layernorm"): [None, 71.0, 75.0]})
+    cfg = written(tmp_path, summary)
+    table = normalizers.read_table(cfg).set_index("normalizer")
+    a, b, k = np.array(GN), np.array(REF), 2
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    hand = (stats.t.ppf(1 - 0.05 / (2 * k), df) + stats.t.ppf(0.8, df)) * math.sqrt(va + vb)
+    assert table.loc["groupnorm", "mdd"] == pytest.approx(hand, rel=1e-9)
+    assert table.loc["groupnorm", "diff_high"] - table.loc["groupnorm", "diff_vs_reference"] < hand  # wider than CI
+    assert math.isnan(table.loc["normprop-icml", "mdd"])
+    assert table.loc["layernorm", "mdd"] == pytest.approx(normalizers.tables.mdd([71.0, 75.0], REF, 1 - 0.05 / k))
+    text = "\n".join(normalizers.paragraphs(cfg))
+    assert f"{hand:.2f}" in text and "(MDD) ranges from" in text
+
+
+def test_forest_plot_has_a_panel_per_batch_size_ranked_by_difference_and_survives_a_diverged_method(tmp_path, drawn):
+    """One panel per batch size, methods bottom to top by their difference from NormProp, a line at 0;
+    BatchNorm at batch 1 in both modes (two markers); LayerNorm, every run diverged at batch 8, left out
+    and named."""
+    from normprop_cli.experiments.normalizers.figures import forest
+
+    summary = summary_of({(1, "normprop-icml"): REF, (1, "groupnorm"): GN, (1, "layernorm"): LN,
+                          (1, "batchnorm"): [40.0, 45.0, 35.0], (8, "normprop-icml"): REF, (8, "groupnorm"): LN,
+                          (8, "batchnorm"): GN, (8, "layernorm"): [None, None, None]},
+                         train_mode={(1, "batchnorm"): [70.0, 75.0, 72.0]})  # fmt: skip
+    cfg = written(tmp_path, summary)
+    paths = forest(cfg)
+    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.exists() for p in paths)
+    fig = drawn["normalizers"]
+    panels = [ax for ax in fig.axes if ax.get_title().startswith("batch")]
+    assert [ax.get_title().splitlines()[0] for ax in panels] == ["batch 1", "batch 8"]
+    one, eight = panels
+    assert [t.get_text() for t in one.get_yticklabels()] == ["BatchNorm", "LayerNorm", "GroupNorm"]
+    assert [t.get_text() for t in eight.get_yticklabels()] == ["GroupNorm", "BatchNorm"]
+    assert "left out" in eight.get_title() and "LayerNorm" in eight.get_title()
+    markers = {line.get_marker() for line in one.get_lines()}
+    assert {"s", "^", "o"} <= markers and "^" not in {line.get_marker() for line in eight.get_lines()}
+    assert any(list(line.get_xdata()) == [0.0, 0.0] for line in one.get_lines())  # the line at 0
+    assert "Bonferroni over 5 comparisons" in fig._suptitle.get_text()  # 3 at batch 1, 2 at 8
+
+
+def test_forest_plot_of_a_table_whose_reference_diverged_says_so(tmp_path, drawn):
+    from normprop_cli.experiments.normalizers.figures import forest
+
+    summary = summary_of({(1, "normprop-icml"): [None, None, None], (1, "groupnorm"): GN})
+    forest(written(tmp_path, summary))
+    (ax,) = [ax for ax in drawn["normalizers"].axes if ax.get_title().startswith("batch")]
+    assert "every run of NormProp (ICML) diverged" in ax.get_title()
+    assert any("diverged" in t.get_text() for t in ax.texts)  # plots.note_if_empty

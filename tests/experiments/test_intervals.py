@@ -1,5 +1,6 @@
 """Intervals of accuracies stay inside [0, 100], diverged runs are counted apart, "did not learn" holds
-only where a run failed in every mode it is scored in, and the timing table's ratio is the verdict's."""
+only where a run failed in every mode it is scored in, and the timing table's ratio (paired by round) is the
+verdict's."""
 
 import math
 
@@ -12,6 +13,7 @@ from normprop_cli import config, outcomes, statistics
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.experiments import batch_size, data_norm, normalizers, table1, tables, timing
 from normprop_cli.verdicts import measures, rule
+from normprop_cli.verdicts import rounds as pairing
 
 BIMODAL = [[10.0, 10.0, 95.0, 96.0, 97.0], [0.0, 100.0, 100.0], [97.0, 99.0, 100.0, 100.0], [0.0, 0.0, 5.0]]
 
@@ -238,42 +240,85 @@ def test_batch_size_says_bn_at_batch_1_did_not_learn_in_evaluation_mode_below_ch
     assert row["reproduced"] == "did not learn in evaluation mode (4.50%; chance is 10%)"
 
 
-# ---- C6: the timing table's ratio is the verdict's -------------------------------------------------------
+# ---- C6: the timing table's ratio is the verdict's, paired round by round ---------------------------------
 
 
-def test_the_timing_ratio_is_the_geometric_mean_of_per_seed_ratios_as_in_the_verdict():
-    """Seed 0's NormProp run hits a slow spell: the pooled medians and the paired ratio then differ.
-    Seed 4's BatchNorm run diverged: that seed has no pair."""
-    seconds = {"normprop": [3.0, 1.0, 1.1, 0.9], "batchnorm": [2.0, 1.2, 1.3, 1.25]}
-    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "status": "complete", "median_train_seconds": v}
-            for m, values in seconds.items() for s, v in enumerate(values)]  # fmt: skip
-    summary = pd.DataFrame(rows)
-    seed_4 = [{"run": "normprop-s4", "method": "normprop", "seed": 4, "status": "complete"},
-              {"run": "batchnorm-s4", "method": "batchnorm", "seed": 4, "status": "diverged"}]  # fmt: skip
-    summary = pd.concat([summary, pd.DataFrame(seed_4).assign(median_train_seconds=[0.5, 5.0])], ignore_index=True)
-    ratio, seeds = timing.paired_ratio(summary, "normprop", "batchnorm")
-    per_seed = pd.DataFrame({"seed": range(4), "normprop": seconds["normprop"], "baseline": seconds["batchnorm"]})
-    assert seeds == 4 and ratio == pytest.approx(1.0 - rule.speedup(per_seed).effect, rel=1e-12)
-    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "epoch": e, "train_seconds": v, "images_per_second": 1 / v,
-             "device": "cpu", "host": "h"} for m, values in seconds.items() for s, v in enumerate(values)
-            for e in (1, 2, 3)]  # fmt: skip
-    epochs = pd.DataFrame(rows)
-    table = timing.timing_table(epochs, 1, {"normprop": 84.0, "batchnorm": 96.0}, summary).set_index("method")
-    assert table.loc["normprop", "ratio_vs_batchnorm"] == pytest.approx(ratio)
-    assert table.loc["normprop", "seeds_vs_batchnorm"] == 4
-    assert table.loc["batchnorm", "ratio_vs_batchnorm"] == pytest.approx(1.0)
-    pooled = np.median(seconds["normprop"] * 2) / np.median(seconds["batchnorm"] * 2)
-    assert table.loc["normprop", "pooled_ratio_vs_batchnorm"] == pytest.approx(pooled)
-    assert abs(pooled - ratio) > 0.01  # the two ratios differ here, and the table labels both
+def rounds_of(seconds: dict, process: dict | None = None) -> pd.DataFrame:
+    """rounds.csv of {(method, seed): [seconds of round 1 (the warm-up), 2, ...]}, every round in one
+    process but those named in `process` = {(method, seed, round): process}."""
+    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "round": r, "position": 1, "order": "", "timed": r > 1,
+             "process": (process or {}).get((m, s, r), "a"), "train_seconds": v, "finished": 0.0}
+            for (m, s), values in seconds.items() for r, v in enumerate(values, 1)]  # fmt: skip
+    return pd.DataFrame(rows)[pairing.ROUND_COLUMNS]
 
 
-def test_the_timing_ratio_is_what_the_c6_verdict_reads_from_the_same_summary(tmp_path):
-    seconds = {"normprop": [3.0, 1.0, 1.1], "batchnorm": [2.0, 1.2, 1.3]}
-    rows = [{"run": f"{m}-s{s}", "method": m, "seed": s, "status": "complete", "median_train_seconds": v,
-             "device": "cpu"} for m, values in seconds.items() for s, v in enumerate(values)]  # fmt: skip
-    (tmp_path / "summary.csv").write_text(pd.DataFrame(rows).to_csv(index=False))
+def epochs_of(rounds: pd.DataFrame) -> pd.DataFrame:
+    epochs = rounds.rename(columns={"round": "epoch"})[["run", "method", "seed", "epoch", "train_seconds"]]
+    return epochs.assign(images_per_second=1 / epochs["train_seconds"], device="cpu", host="h")
+
+
+def summary_of_rounds(rounds: pd.DataFrame, diverged=()) -> pd.DataFrame:
+    runs = rounds.drop_duplicates("run")[["run", "method", "seed"]]
+    status = runs["run"].map(lambda r: "diverged" if r in diverged else "complete")
+    return runs.assign(status=status, device="cpu", median_train_seconds=1.0)
+
+
+def c6(tmp_path, rounds: pd.DataFrame, summary: pd.DataFrame):
+    rounds.to_csv(tmp_path / "rounds.csv", index=False)
+    summary.to_csv(tmp_path / "summary.csv", index=False)
     claim = next(c for c in rule.claims() if c.id == "C6")
     measured = measures.c6_timing(claim, tmp_path, {"dataset": "digits"})
-    effect = measured.estimate(measured.table).effect
-    ratio, seeds = timing.paired_ratio(pd.DataFrame(rows), "normprop", "batchnorm")
-    assert seeds == 3 and ratio == pytest.approx(1.0 - effect, rel=1e-12)
+    return measured, measured.estimate(measured.table)
+
+
+def test_the_paired_ratio_of_a_hand_made_rounds_table_is_the_hand_computation(tmp_path):
+    """Round 1 is the warm-up. Seed 2's round 3 was finished by another process (process b): no pair.
+    Seed 3's BatchNorm run diverged: that seed has no pair."""
+    seconds = {("normprop", 0): [9.0, 1.0, 1.2], ("batchnorm", 0): [9.0, 1.5, 1.6],
+               ("normprop", 1): [9.0, 0.8, 0.9], ("batchnorm", 1): [9.0, 1.0, 1.2],
+               ("normprop", 2): [9.0, 2.0, 1.0], ("batchnorm", 2): [9.0, 2.2, 1.4],
+               ("normprop", 3): [9.0, 0.1, 0.1], ("batchnorm", 3): [9.0, 5.0, 5.0],
+               ("none", 0): [9.0, 1.0, 1.0]}  # fmt: skip
+    rounds = rounds_of(seconds, process={("normprop", 2, 3): "b"})
+    summary = summary_of_rounds(rounds, diverged={"batchnorm-s3"})
+    per_seed = [math.sqrt(1.0 / 1.5 * 1.2 / 1.6), math.sqrt(0.8 / 1.0 * 0.9 / 1.2), 2.0 / 2.2]  # NormProp / BN
+    ratio = math.prod(per_seed) ** (1 / 3)
+    assert pairing.paired_ratio(rounds, "normprop", "batchnorm", summary["run"][summary["status"] == "complete"]) == (
+        pytest.approx(ratio, rel=1e-12), 3, 5)  # fmt: skip
+    table = timing.timing_table(epochs_of(rounds), 1, {"normprop": 84.0, "batchnorm": 96.0}, summary, rounds)
+    table = table.set_index("method")
+    assert table.loc["normprop", "ratio_vs_batchnorm"] == pytest.approx(ratio, rel=1e-12)
+    assert table.loc["normprop", ["seeds_vs_batchnorm", "rounds_vs_batchnorm"]].tolist() == [3, 5]
+    assert table.loc["batchnorm", "ratio_vs_batchnorm"] == pytest.approx(1.0)
+    assert table.loc["none", "seeds_vs_batchnorm"] == 1  # no normalisation ran on seed 0 alone
+    measured, estimate = c6(tmp_path, rounds, summary)
+    logs = -np.log(per_seed)  # log(BatchNorm / NormProp) per seed
+    half = stats.t.ppf(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
+    assert estimate.n_seeds == 3 and estimate.effect == pytest.approx(1 - ratio, rel=1e-12)
+    assert (estimate.ci_low, estimate.ci_high) == pytest.approx(
+        (1 - math.exp(-(logs.mean() - half)), 1 - math.exp(-(logs.mean() + half))), rel=1e-12)  # fmt: skip
+    assert measured.test == pairing.TEST and "same round" in measured.test
+
+
+def test_a_slowdown_common_to_a_round_leaves_the_paired_ratio_and_moves_the_unpaired_one(tmp_path):
+    """The machine slows down three-fold during seed 0's round 2, for every method of that round: the
+    ratio paired by round stays, the ratio of the runs' median seconds (unpaired) and of the pooled
+    medians move."""
+    seconds = {("normprop", 0): [2.0, 1.0, 1.1, 1.2], ("batchnorm", 0): [2.0, 1.5, 1.3, 1.4],
+               ("normprop", 1): [2.0, 0.9, 1.0, 1.1], ("batchnorm", 1): [2.0, 1.2, 1.2, 1.3],
+               ("normprop", 2): [2.0, 1.1, 1.0, 1.0], ("batchnorm", 2): [2.0, 1.3, 1.2, 1.1]}  # fmt: skip
+    calm = rounds_of(seconds)
+    slow = rounds_of({key: [v * (3.0 if key[1] == 0 and r == 2 else 1.0) for r, v in enumerate(values, 1)]
+                      for key, values in seconds.items()})  # fmt: skip
+    paper = {"normprop": 84.0, "batchnorm": 96.0}
+    paired, unpaired, pooled, effects = [], [], [], []
+    for rounds in (calm, slow):
+        summary = summary_of_rounds(rounds)
+        table = timing.timing_table(epochs_of(rounds), 1, paper, summary, rounds).set_index("method")
+        paired.append(table.loc["normprop", "ratio_vs_batchnorm"])
+        pooled.append(table.loc["normprop", "pooled_ratio_vs_batchnorm"])
+        medians = rounds[rounds["timed"]].groupby(["method", "seed"])["train_seconds"].median()
+        unpaired.append(np.exp(np.log(medians["normprop"] / medians["batchnorm"]).mean()))
+        effects.append(c6(tmp_path, rounds, summary)[1].effect)
+    assert paired[0] == pytest.approx(paired[1], rel=1e-12) and effects[0] == pytest.approx(effects[1], rel=1e-12)
+    assert abs(unpaired[1] - unpaired[0]) > 0.01 and abs(pooled[1] - pooled[0]) > 0.01

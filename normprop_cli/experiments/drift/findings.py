@@ -1,13 +1,17 @@
 """The report's headlines and findings, every number read from spread.csv and population.csv (runs that
-learned and did not diverge); the paper's column is `experiment.paper_expects` in conf/experiment/drift.yaml.
+learned and did not diverge), the weight decay from the runs' config.yaml; the paper's column is
+`experiment.paper_expects` in conf/experiment/drift.yaml.
 The (method, width) findings read the main settings (tables.main_rows); where the grid has ablations,
 ablation_report adds their headlines and section."""
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
@@ -118,7 +122,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     narrow = min(width for _, width in s)
     normprop, bn = s.get(("normprop", narrow)), s.get(("batchnorm", narrow))
     wide = [v for (method, width), v in s.items() if method == "normprop" and width > narrow]
-    texts = []
+    texts = [text for text in [decay_finding(cfg)] if text]
     if normprop and bn and "avg_abs_mean" in normprop and "avg_abs_mean" in bn:
         texts.append(_population_finding(normprop, bn))
     if normprop:
@@ -218,3 +222,57 @@ def _premise_finding(normprop: dict) -> str:
         f"After training the ratio is {normprop['ratio']:.2f}, within {PREMISE:g} of the premise's 1: in this budget "
         "the data do not show the canonical-covariance argument failing."
     )
+
+
+DECAYS = {"all": "every parameter, gains and biases included", "weights": "the kernels alone"}
+
+
+def run_decays(runs: Path, names=None) -> Counter:
+    """How many runs under `runs` (those named in `names`, else every reported run: not the rate sweep's)
+    train with each (train.decay, train.weight_decay), read from their config.yaml; a config written before
+    train.decay existed decays every parameter ('all')."""
+    found = Counter()
+    keep = (lambda run: run in names) if names is not None else (lambda run: not run.startswith("sweep-"))
+    for path in sorted(runs.glob("*/config.yaml")):
+        if not keep(path.parent.name):
+            continue
+        train = OmegaConf.load(path).get("train") or {}
+        found[str(train.get("decay", "all")), float(train.get("weight_decay", 0.0))] += 1
+    return found
+
+
+def _decay_words(found: Counter) -> str:
+    """'`train.decay: all` (every parameter, gains and biases included; weight decay 0.0005)', per value."""
+    count = (lambda n: f" in {n} run{'s' * (n != 1)}") if len(found) > 1 else (lambda n: "")
+    return "; ".join(f"`train.decay: {decay}` ({DECAYS.get(decay, decay)}; weight decay {wd:g}){count(n)}"
+                     for (decay, wd), n in found.items())  # fmt: skip
+
+
+def decay_finding(cfg: DictConfig) -> str:
+    """Which parameters the runs weight-decay, read from their config.yaml, and why it is not the normalizers
+    experiment's choice (its runs' config.yaml where they are beside these, else its config); '' with no runs."""
+    from normprop_cli import config
+    from normprop_cli.engine import sweep_dir
+
+    here = sweep_dir(cfg)
+    summary = here / "summary.csv"
+    reported = pd.read_csv(summary) if summary.exists() else pd.DataFrame()
+    names = set(reported["run"]) if "run" in reported else None
+    found = run_decays(here / "runs", names)
+    if not found:
+        return ""
+    other = run_decays(Path(cfg.results_dir) / "normalizers" / cfg.dataset.name / "runs")
+    if not other:
+        c = config.load("normalizers", preset=cfg.preset.name, dataset=cfg.dataset.name).train
+        other = Counter({(str(c.get("decay", "all")), float(c.weight_decay)): 0})
+    same = {d for d, _ in other} == {d for d, _ in found}
+    kinds = {d for d, _ in found}
+    why = ("so it trains them the same way" if kinds == {"all"} else
+           "though not every run here does" if "all" in kinds else "though these runs do not")  # fmt: skip
+    return (
+        f"*Weight decay.* The {sum(found.values())} runs here use {_decay_words(found)}, as their config.yaml "
+        + ("records, and so do the normalizers experiment's runs" if same else
+           f"records, while the normalizers experiment's runs use {_decay_words(other)}")
+        + ": this experiment explains the drift of NormProp's runs in the paper's own experiments "
+        f"(covariate-shift), which weight-decay every parameter, {why}."
+    )  # fmt: skip

@@ -23,10 +23,13 @@ mode_gap.csv     batch-statistics methods at batch 1: test accuracy in both mode
                  `experiment.mode_gap_every`-th epoch and the last
 normalizers.csv  per batch size and method, over the runs that did not diverge (counted in `diverged`):
                  rank, rate, final and best-validation accuracy with 95% intervals (proportion_ci),
-                 the difference from the reference method (Welch interval at the Bonferroni level
-                 `diff_level`, its uncorrected `p_value`) and its reading, step
+                 the difference from the reference method in pp (Welch interval at the Bonferroni level
+                 `diff_level` = 1 - 0.05/m over the m comparisons `compared` marks, its uncorrected
+                 `p_value`, its minimum detectable difference at 80% power `mdd`) and its reading; at
+                 batch 1 the batch-statistics methods' training-mode difference (`train_mode_diff`); step
                  time, drift, both modes' accuracy and the train-minus-eval-mode gap (t intervals)
-normalizers.png/.pdf  final test accuracy against batch size per method, 95% intervals; step time
+normalizers.png/.pdf  forest plot: per batch size, each method's difference from the reference with
+                 its corrected interval, ranked; both modes of the batch-statistics methods at batch 1
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import outcomes, statistics
 from normprop_cli.experiments import tables as run_tables
-from normprop_cli.experiments.normalizers.tables import label, read_table
+from normprop_cli.experiments.normalizers.tables import POWER, label, read_table
 from normprop_cli.statistics import markdown
 
 
@@ -71,26 +71,23 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     reference = cfg.experiment.get("reference", "normprop-icml")
     ref = label(reference)
     level = float(t["diff_level"].dropna().iloc[0]) if t["diff_level"].notna().any() else statistics.LEVEL
-    m = max(1, round((1.0 - statistics.LEVEL) / max(1.0 - level, 1e-12)))
     out = [
         f"**Normalisers ({cfg.dataset.name}, {cfg.preset.name} preset, {schedule(cfg)}).** Each "
         "method at each batch size trains at the rate its validation sweep chose (`lr_sweep.csv`, "
-        "`lr_sweep.png`). Accuracy "
-        "intervals are 95% t intervals on the logit scale (they stay within [0, 100]); runs that diverged are "
-        f"left out of every mean and counted beside it. Differences from {ref} are Welch intervals over "
-        f"independent seeds at the Bonferroni-corrected level 1 - 0.05/{m} = {100 * level:.2f}% ({m} comparisons "
-        "with the reference over the whole table, so that all of them hold together at 95%): *better* or *worse* "
-        "where the interval "
-        "excludes 0, else *indistinguishable*. Batch sizes differ in their SGD updates (a batch of 50 takes 1/50 "
-        "of the updates of a batch of 1 per epoch): compare methods within a batch size, not across. Step times "
-        f"come from the runs ({int(cfg.get('jobs') or 1)} one-thread worker processes side by side), comparable "
-        "within this table only; `normprop bench` times the methods in turn in one process.",
+        "`lr_sweep.png`). Accuracy intervals are 95% Student-t intervals of the mean over seeds, formed on the "
+        "logit scale and mapped back (they stay within [0, 100]); runs that diverged are left out of every mean "
+        f"and counted beside it. {correction(t, ref)} `normalizers.png` draws every difference with its "
+        "interval, per batch size, methods ranked by the difference. Batch sizes differ in their SGD updates (a "
+        "batch of 50 takes 1/50 of the updates of a batch of 1 per epoch): compare methods within a batch size, "
+        f"not across. Step times come from the runs ({int(cfg.get('jobs') or 1)} one-thread worker processes side "
+        "by side), comparable within this table only; `normprop bench` times the methods in turn in one process.",
         training_details(cfg),
         edges(cfg),
+        unfinished(cfg),
     ]
     for bs, g in t.groupby("batch_size", sort=True):
         head = ["rank", "method", "lr", "final acc (%) [95% CI]", "best-val acc (%)",
-                f"vs {ref} (pp) [{100 * level:.2f}% CI]", "drift", "ms/step"]  # fmt: skip
+                f"vs {ref} (pp) [{100 * level:.2f}% Welch CI]", "MDD (pp)", "drift", "ms/step"]  # fmt: skip
         rows = []
         for _, r in g.iterrows():
             vs = "reference" if r["normalizer"] == reference else f"{_ci(r, 'diff')} {r['reading']}"
@@ -98,23 +95,81 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             if math.isfinite(float(r["train_mode_acc"])):
                 final += f" in evaluation mode; {_ci(r, 'train')} in training mode"
             rows.append([int(r["rank"]), label(r["normalizer"]), f"{r['lr']:g}", f"{final}{_counts(r)}",
-                         _ci(r, "best"), vs, _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
+                         _ci(r, "best"), vs, _pp(r["mdd"]), _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
         out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(rows, head, rule="---")))
         out.append(_finding(g, int(bs), ref, reference))
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
         parts = [
             f"{label(r['normalizer'])} {_ci(r, 'train')} in training mode and {_ci(r, 'eval')} in evaluation mode, "
-            f"a difference of {_ci(r, 'gap')} pp: it {_modes(r, cfg)}"
+            f"a difference of {_ci(r, 'gap')} pp: it {_modes(r, cfg)}{_train_vs(r, ref, level)}"
             for _, r in gaps.iterrows()
         ]
         out.append(
             "At batch 1 the batch-statistics methods normalise each training image by its own spatial statistics. "
             "Tested the same way (training mode, one image at a time) and with their running estimates "
             f"(evaluation mode, the mode of the table above), their final test accuracy (%) is: {'; '.join(parts)} "
-            "(95% CI; the difference is training minus evaluation mode)."
+            "(accuracies and their difference at 95%; the difference is training minus evaluation mode, a t "
+            "interval of the seeds' paired differences)."
         )
     return out
+
+
+def correction(t: pd.DataFrame, ref: str) -> str:
+    """What the differences from the reference are, as tables.table computes them: the Welch test, the pp
+    scale, the Bonferroni correction over the comparisons that `compared` marks, and the MDD."""
+    family = t[t["compared"].astype(bool)]
+    k = len(family)
+    if not k:
+        return (f"No method has 2 runs or more beside 2 or more of {ref}'s at any batch size that did not "
+                "diverge: no difference from it is tested.")  # fmt: skip
+    level = float(family["diff_level"].iloc[0])
+    per = family.groupby("batch_size").size()
+    sizes = [int(b) for b in sorted(t["batch_size"].unique())]
+    if per.nunique() == 1 and len(per) == len(sizes):
+        breakdown = f"{int(per.iloc[0])} methods x {len(per)} batch sizes"
+    else:
+        breakdown = ", ".join(f"{int(n)} at batch {int(b)}" for b, n in per.items())
+    return (
+        f"Differences from {ref} are a method's mean final test accuracy minus {ref}'s, in pp (percentage "
+        "points of test accuracy, not on the logit scale), each with a two-sided Welch t interval over "
+        "independent seeds (unequal variances, Welch's degrees of freedom), Bonferroni-corrected over the "
+        f"{k} comparisons with {ref} in the table ({breakdown}): each interval is at level 1 - 0.05/{k} = "
+        f"{100 * level:.2f}%, so that all {k} hold together with at least 95% confidence, its ends clipped to "
+        "[-100, 100] pp; *better* or *worse* where it excludes 0, else *indistinguishable* (the p-values in "
+        "`normalizers.csv` are uncorrected). MDD is each comparison's minimum detectable difference: the "
+        f"smallest true difference the two-sided Welch test at that level detects with {100 * POWER:.0f}% power, "
+        f"given its seeds, (t(1 - 0.05/(2 x {k})) + t({POWER:g})) x sqrt(s1^2/n1 + s2^2/n2), both t quantiles at "
+        "Welch's degrees of freedom."
+    )
+
+
+def _pp(value) -> str:
+    return f"{float(value):.2f}" if math.isfinite(float(value)) else ""
+
+
+def _train_vs(row, ref: str, level: float) -> str:
+    """'; in training mode it is -5.00 [-20.00, 10.00] pp from NormProp' (Welch, the table's level)."""
+    if not math.isfinite(float(row.get("train_mode_diff", math.nan))):
+        return ""
+    ci = statistics.format_ci(*(float(row[k]) for k in ("train_mode_diff", "train_mode_diff_low",
+                                                            "train_mode_diff_high")))  # fmt: skip
+    return (f"; its training-mode accuracy minus {ref}'s final accuracy is {ci} pp (Welch, at the same "
+            f"{100 * level:.2f}% level, not one of the comparisons counted above)")  # fmt: skip
+
+
+def _power(g: pd.DataFrame) -> str:
+    """' ... the MDD ranges from 1.20 pp (A) to 9.00 pp (B)' over a batch size's comparisons; '' where none has one."""
+    if "mdd" not in g:
+        return ""
+    found = g[pd.to_numeric(g["mdd"], errors="coerce").map(math.isfinite)].sort_values("mdd")
+    if not len(found):
+        return ""
+    low, high = found.iloc[0], found.iloc[-1]
+    span = (f"is {low['mdd']:.2f} pp ({label(low['normalizer'])})" if len(found) == 1 else
+            f"ranges from {low['mdd']:.2f} pp ({label(low['normalizer'])}) to {high['mdd']:.2f} pp "
+            f"({label(high['normalizer'])})")  # fmt: skip
+    return f"the smallest difference each comparison could detect with {100 * POWER:.0f}% power (MDD) {span}"
 
 
 def _finding(g: pd.DataFrame, bs: int, ref: str, reference: str = "normprop-icml") -> str:
@@ -130,9 +185,16 @@ def _finding(g: pd.DataFrame, bs: int, ref: str, reference: str = "normprop-icml
 
     better, worse = names("better"), names("worse")
     same = ", ".join(label(m) for m in g.loc[g["reading"] == "indistinguishable", "normalizer"])
-    parts = [f"At batch {bs}, " + (f"{better} beat {ref}" if better else f"no method was shown to beat {ref}")]
+    power = _power(g)
+    if better:
+        first = f"At batch {bs}, {better} beat {ref}" + (f" ({power})" if power else "")
+    else:
+        first = f"At batch {bs}, no method was shown to beat {ref}" + (
+            f", which means only that none was shown to at these seeds, not that none does: {power}" if power else ""
+        )
+    parts = [first]
     if worse:
-        parts.append(f"{worse} {'is' if worse.count('(') == 1 else 'are'} worse")
+        parts.append(f"{worse} {'is' if (g['reading'] == 'worse').sum() == 1 else 'are'} worse")
     if same:
         parts.append(f"{same} cannot be told apart from it at these seeds")
     return "; ".join(parts) + "."
@@ -152,9 +214,11 @@ def training_details(cfg: DictConfig) -> str:
                      + (f"; {label('normprop-icml-own-classifier')} is the ablation row with NormProp's own, "
                         "normalised classifier (eq. 11 without activation)" if own else ""))  # fmt: skip
     if t.get("decay", "all") == "weights":
-        parts.append(f"weight decay {float(t.weight_decay):g} applies to the conv weights alone, not to gains, "
-                     "biases or other per-unit parameters, for every method (on a scale-invariant conv, decay "
-                     "on the normalisation's gain would change the effective learning rate)")  # fmt: skip
+        parts.append(f"weight decay {float(t.weight_decay):g} applies to the kernels alone (the conv filters, as "
+                     "each method declares them in the registry), not to gains, biases or other per-unit "
+                     "parameters whatever their shape (weight norm's g, scaled WS's gain), for every method (on a "
+                     "scale-invariant conv, decay on the normalisation's gain would change the effective learning "
+                     "rate)")  # fmt: skip
     renorm = {k: v for k, v in dict(model.get("renorm") or {}).items() if v is not None}
     if "batchrenorm" in methods and "warmup_epochs" in renorm:
         parts.append(
@@ -221,3 +285,32 @@ def flat_choices(cfg: DictConfig, sweep: pd.DataFrame) -> str:
         "validation (evaluation mode, the mode the sweep scores), so the rate chosen among them is arbitrary "
         "(the batch-statistics methods' training-mode accuracy at batch 1 is given beside the table)."
     )
+
+
+def unfinished(cfg: DictConfig) -> str:
+    """A sentence where rows of summary.csv name runs that are not finished in runs/ (removed to retrain,
+    or still training): their numbers, and every table and figure built from them, are from the earlier
+    training until the experiment's command finishes them; '' where every row's run is finished."""
+    from normprop_cli.engine.runs import read_manifest, run_dir
+
+    summary = run_tables.read(cfg, "summary")
+    if not len(summary) or "run" not in summary:
+        return ""
+
+    def stale(row) -> bool:  # not finished, or finished with other numbers than the row's (retrained since)
+        path = run_dir(cfg, str(row["run"]))
+        if (read_manifest(path) or {}).get("status") != "complete":
+            return True
+        metrics = pd.read_csv(path / "metrics.csv") if (path / "metrics.csv").exists() else pd.DataFrame()
+        final = float(metrics["test_acc"].iloc[-1]) if len(metrics) else math.nan
+        return "final_test_acc" in row and not math.isclose(final, float(row["final_test_acc"]), abs_tol=1e-9)
+
+    gone = [r["run"] for _, r in summary.iterrows() if stale(r)]
+    if not gone:
+        return ""
+    methods = ", ".join(dict.fromkeys(label(str(m)) for m in summary.loc[summary["run"].isin(gone), "normalizer"]))
+    return (f"*Not yet retrained.* {len(gone)} of the {len(summary)} rows of `summary.csv` ({methods}) name runs "
+            "that are not finished in `runs/`, or that finished since with other numbers (removed to retrain "
+            "after a change to how they train, or still training): their numbers here, and the tables and "
+            "figure built from them, come from their earlier training; "
+            f"`normprop run normalizers --preset {cfg.preset.name}` retrains them.")  # fmt: skip

@@ -1,10 +1,12 @@
 """normalizers.csv from summary.csv: per batch size and method, accuracies with intervals, the difference
-from the reference method with a Bonferroni-corrected Welch interval, drift and both modes at batch 1."""
+from the reference method in pp with a Welch interval Bonferroni-corrected over the table's comparisons, the
+minimum difference each comparison could detect (`mdd`), drift and both modes at batch 1."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
@@ -15,7 +17,8 @@ from normprop_cli.nn import methods
 KEYS = ["setting", "normalizer", "batch_size", "initial_lr"]
 TABLE = ["batch_size", "rank", "normalizer", "lr", "n", "diverged", "learned", "final_acc", "final_low",
          "final_high", "best_val_acc", "best_val_low", "best_val_high", "diff_vs_reference", "diff_low", "diff_high",
-         "p_value", "diff_level", "reading", "step_ms", "drift", "drift_low", "drift_high", "train_mode_acc",
+         "p_value", "diff_level", "compared", "mdd", "reading", "train_mode_diff", "train_mode_diff_low",
+         "train_mode_diff_high", "step_ms", "drift", "drift_low", "drift_high", "train_mode_acc",
          "train_mode_low", "train_mode_high", "eval_mode_acc", "eval_mode_low", "eval_mode_high", "mode_gap",
          "mode_gap_low", "mode_gap_high"]  # fmt: skip
 
@@ -48,15 +51,43 @@ def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float, f
     return diff, max(low, -100.0), min(high, 100.0), p
 
 
-def comparisons(summary: pd.DataFrame, reference: str) -> int:
-    """How many methods are compared with the reference over the table (every batch size): the family
-    of the Bonferroni correction, m."""
-    count = 0
-    for _, every in summary.groupby("batch_size"):
+POWER = 0.8  # the power at which `mdd` is the smallest difference a comparison detects
+
+
+def mdd(a, b, level: float = statistics.LEVEL, power: float = POWER) -> float:
+    """The minimum detectable difference of mean(a) - mean(b): the smallest true difference that the
+    two-sided Welch test at `level` (alpha = 1 - level) detects with probability `power`, given the two
+    samples' sizes and spreads: (t_{1-alpha/2} + t_{power}) sqrt(s_a^2/n_a + s_b^2/n_b), both t quantiles at
+    Welch's degrees of freedom. NaN with fewer than 2 finite values on a side or no spread on either."""
+    from scipy.special import stdtrit
+
+    x, y = (pd.to_numeric(pd.Series(v, dtype=float), errors="coerce").to_numpy() for v in (a, b))
+    x, y = x[np.isfinite(x)], y[np.isfinite(y)]
+    if len(x) < 2 or len(y) < 2:
+        return math.nan
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return math.nan
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    return float((stdtrit(df, 0.5 + level / 2) + stdtrit(df, power)) * math.sqrt(vx + vy))
+
+
+def compared(summary: pd.DataFrame, reference: str) -> set[tuple[int, str]]:
+    """(batch size, method) of every comparison with the reference: a method other than the reference
+    with at least 2 runs that did not diverge, at a batch size where the reference has at least 2."""
+    found = set()
+    for bs, every in summary.groupby("batch_size"):
         kept = run_tables.kept(every)
         if (kept["normalizer"] == reference).sum() >= 2:
-            count += int((kept.groupby("normalizer").size() >= 2).drop(reference, errors="ignore").sum())
-    return max(count, 1)
+            sizes = kept.groupby("normalizer").size().drop(reference, errors="ignore")
+            found |= {(int(bs), m) for m in sizes[sizes >= 2].index}
+    return found
+
+
+def comparisons(summary: pd.DataFrame, reference: str) -> int:
+    """How many methods are compared with the reference over the table (every batch size): the family
+    of the Bonferroni correction, m (at least 1)."""
+    return max(len(compared(summary, reference)), 1)
 
 
 def reading(low: float, high: float) -> str:
@@ -67,12 +98,17 @@ def reading(low: float, high: float) -> str:
 
 def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per batch size and method, ranked by mean final test accuracy (best first), over the
-    runs that did not diverge (those are counted in `diverged`): accuracies with proportion_ci, drift,
-    the mode gap and the difference from the reference with t intervals; `learned` counts the runs
-    that learned in a mode they are scored in (experiments.tables.learned_in_a_mode)."""
+    runs that did not diverge (those are counted in `diverged`): accuracies with proportion_ci, drift and
+    the mode gap with t intervals, and the difference from the reference's final test accuracy in pp with a
+    Welch interval at the Bonferroni level 1 - 0.05/m, m the comparisons over the whole table (`compared`
+    marks them), its uncorrected p-value and its minimum detectable difference at that level (`mdd`); at
+    batch 1, the batch-statistics methods' training-mode accuracy minus the reference's (`train_mode_diff`,
+    the same level; not one of the m). `learned` counts the runs that learned in a mode they are scored
+    in (experiments.tables.learned_in_a_mode)."""
     reference = cfg.experiment.get("reference", "normprop-icml")
     summary = run_tables.with_columns(summary, "final_test_acc", "best_val_test_acc", "step_ms", "drift")
-    level = 1.0 - (1.0 - statistics.LEVEL) / comparisons(summary, reference)  # Bonferroni over the whole table
+    family = compared(summary, reference)
+    level = 1.0 - (1.0 - statistics.LEVEL) / max(len(family), 1)  # Bonferroni over the whole table
     rows = []
     for bs, every in summary.groupby("batch_size", sort=True):
         at = run_tables.kept(every)
@@ -88,14 +124,19 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
                 modes |= _ci_columns(column, statistics.proportion_ci(g[column]) if column in g else {})
             gap = statistics.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
             diff = welch(g["final_test_acc"], ref, level) if method != reference and len(ref) else (math.nan,) * 4
+            trained = g["train_mode_acc"] if "train_mode_acc" in g else pd.Series(dtype=float)
+            other = method != reference and len(ref) > 0 and trained.notna().any()
+            train = welch(trained, ref, level) if other else (math.nan,) * 4
             rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
                          "n": final["n"], "diverged": len(runs) - len(g),
                          "learned": int(run_tables.learned_in_a_mode(g, cfg).eq(True).sum()),
                          "final_acc": final["mean"], "final_low": final["ci_low"], "final_high": final["ci_high"],
                          "best_val_acc": best["mean"], "best_val_low": best["ci_low"], "best_val_high": best["ci_high"],
                          "diff_vs_reference": diff[0], "diff_low": diff[1], "diff_high": diff[2], "p_value": diff[3],
-                         "diff_level": level,
+                         "diff_level": level, "compared": (int(bs), method) in family,
+                         "mdd": mdd(g["final_test_acc"], ref, level) if method != reference else math.nan,
                          "reading": "reference" if method == reference else reading(diff[1], diff[2]),
+                         "train_mode_diff": train[0], "train_mode_diff_low": train[1], "train_mode_diff_high": train[2],
                          "step_ms": float(g["step_ms"].median()),
                          "drift": drift["mean"], "drift_low": drift["ci_low"], "drift_high": drift["ci_high"],
                          **modes,

@@ -18,13 +18,9 @@ REPORTS = sorted(p.parent for p in RESULTS.rglob("REPORT.md"))
 
 def history() -> bool:
     """Is the checkout a git repository with its whole history? The reports' budget sections read it."""
-    import subprocess
+    from normprop_cli.verdicts.budgets import checkout, git_top
 
-    try:
-        out = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return False
-    return out.returncode == 0 and out.stdout.strip() == "false"
+    return git_top(checkout(ROOT))[0] is not None
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """NormProp against BatchNorm, paired by seed. C8's per-seed table: NormProp minus BatchNorm with the
 same activation (paired_gaps), and per seed the activation whose gap falls furthest below ReLU's
 (worst_per_seed); the verdict (measures.c8_activations) and the activations experiment's report both
-read it. Any verdict's effect after every epoch (effect_by_epoch), from the runs' metrics.csv."""
+read it. Any verdict's effect after every epoch (effect_series, epoch_note), from the runs' metrics.csv."""
 
 from __future__ import annotations
 
@@ -85,11 +85,3 @@ def epoch_note(effect: pd.Series) -> list[str]:
         return []
     text = ", ".join(f"{int(e)}: {g:+.2f}" for e, g in effect.items())
     return [f"the effect after each epoch (mean over seeds): {text}"]
-
-
-def effect_by_epoch(
-    sweep: Path, runs: pd.DataFrame, column: str, normprop, baseline, within: str | None = None
-) -> list[str]:
-    """Does the effect hold still as the runs converge, or does it move with the budget? effect_series
-    in words (epoch_note)."""
-    return epoch_note(effect_series(sweep, runs, column, normprop, baseline, within))

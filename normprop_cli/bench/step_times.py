@@ -116,15 +116,17 @@ def measure(needed: Mapping[StepKey, DictConfig], dev: torch.device, steps: int 
     from normprop_cli.bench.timing import step_times
 
     devices.prepare(dev)  # as a run does: on the CPU, denormals flushed (else a step can take many times longer)
-    groups: dict[tuple, tuple[DictConfig, list[str]]] = {}
+    groups: dict[tuple, dict[str, DictConfig]] = {}
     for key, cfg in needed.items():
-        groups.setdefault((key.batch_size, key.width, key.shape), (cfg, []))[1].append(key.method)
+        groups.setdefault((key.batch_size, key.width, key.shape), {}).setdefault(key.method, cfg)
     out = {}
-    for (bs, width, shape), (cfg, methods) in groups.items():
+    for (bs, width, shape), own in groups.items():
+        cfg = next(iter(own.values()))
         opts = options or StepOptions.from_cfg(cfg.train, dev)
         data, cfg = timing_data(shape, bs, dev), schedule_in_steps(cfg)
-        times = step_times(data, cfg, dev, width, bs, steps, warmup, 0.0, opts, tuple(dict.fromkeys(methods)),
-                           counted=False)[0]  # fmt: skip
+        own = {m: schedule_in_steps(c) for m, c in own.items()}  # each method on its own run's config
+        times = step_times(data, cfg, dev, width, bs, steps, warmup, 0.0, opts, tuple(own), counted=False,
+                           own=own)[0]  # fmt: skip
         out |= {StepKey(m, bs, width, shape): statistics.median(t) for m, t in times.items()}
     return out
 

@@ -83,16 +83,18 @@ def step_table(data, cfg, dev, widths, batch_sizes, runs: dict[str, StepOptions]
 
 
 def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, options,
-               methods=None, counted=True):  # fmt: skip
+               methods=None, counted=True, own=None):  # fmt: skip
     """{method: [ms per step]}, the methods stepped in turn; {method: {phase: [ms]}} (the CPU's
     steps only, see StepClock; else empty); {method: whether every loss of its steps was finite};
     {method: (its operator calls per step, `ops_per_step`; its GFLOP per step, `gflop_per_step`)}, NaN
-    without `counted` (a plan's timing, bench.step_times, needs only the times)."""
+    without `counted` (a plan's timing, bench.step_times, needs only the times). `own`: {method: its run's
+    config} to build a method's model from instead of `cfg` (a plan's runs: a method's settings, such as
+    weight norm's data_init, are no other method's)."""
     methods = tuple(METHODS) if methods is None else methods
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     x, y = _batches(data, cfg, dev, batch_size)
-    runs = {m: build_step(cfg, data, dev, m, options) for m in methods}
+    runs = {m: build_step(_at_width((own or {}).get(m, cfg), width), data, dev, m, options) for m in methods}
     clocks = {m: StepClock(dev) for m in methods}
     for m, run in runs.items():
         run.clock = clocks[m]
@@ -115,6 +117,12 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     counts = {m: (ops_per_step(run, x[0], y[0]), gflop_per_step(run, x[0], y[0])) if counted else nan
               for m, run in runs.items()}  # fmt: skip
     return {m: c.steps[warmup:] for m, c in clocks.items()}, phases, finite, counts
+
+
+def _at_width(cfg, width):
+    cfg = copy.deepcopy(cfg)
+    cfg.model.width = width
+    return cfg
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ from normprop_cli import io
 from normprop_cli.engine import RunSpec, expand_grid, run_dir
 from normprop_cli.engine.cost import RunCost, StepKey, duration, run_cost, seconds, size, sizes
 from normprop_cli.engine.job import validate
-from normprop_cli.engine.runs import check_same_config
+from normprop_cli.engine.runs import check_same_config, config_differences
 from normprop_cli.experiments import lr_sweep
 from normprop_cli.experiments.probes import due
 from normprop_cli.nn.methods import METHODS
@@ -73,9 +73,13 @@ def plan_experiment(cfg: DictConfig, trains: bool = True) -> Planned:
     if not trains:
         return planned
     specs = [spec for one in each_setting(cfg) for spec in expand_grid(one)]
+    swept = cfg.experiment.get("lr_sweep") is not None
     for spec in specs:
         validate(spec)
-        check_same_config(spec, run_dir(spec.cfg, spec.name), write=False)
+        path = run_dir(spec.cfg, spec.name)
+        if swept and config_differences(spec, path) == ["train.lr"]:
+            continue  # planned at the centre rate; the sweep chose this run's rate (`normprop run` checks it)
+        check_same_config(spec, path, write=False)
     observed = observer(cfg)
     first, extensions = sweep_specs(cfg)
     for group, sweep in ((specs, False), (first, True)):

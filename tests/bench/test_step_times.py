@@ -67,3 +67,18 @@ def test_steps_are_measured_here_per_configuration():
               key("none", 2, 0.0625, "1x32x32"): cfg, key("batchrenorm", 4, 0.0625): normalizers}  # fmt: skip
     got = step_times.measure(needed, torch.device("cpu"), steps=2, warmup=1)
     assert set(got) == set(needed) and all(v > 0 for v in got.values())
+
+
+def test_each_method_is_timed_on_its_own_runs_config():
+    """A plan's runs carry their method's settings (weight norm's data_init, scaled WS's clipping); timed side
+    by side, no method gets another's: a NormProp net built with data_init would be refused."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli.bench.timing import method_cfg
+
+    base = grid.load("normalizers", preset="smoke")
+    own = {m: method_cfg(base, m) for m in ("weightnorm", "normprop-icml", "scaledws")}
+    assert OmegaConf.select(own["weightnorm"], "model.data_init") is True
+    needed = {key(m, 2, 0.0625): c for m, c in own.items()}
+    got = step_times.measure(needed, torch.device("cpu"), steps=1, warmup=1)
+    assert set(got) == set(needed) and all(v > 0 for v in got.values())

@@ -107,6 +107,28 @@ def test_finished_runs_are_left_out_and_an_unfinished_one_counts_its_epochs_left
     assert tree(cli.results) == sorted([*before, "plan.csv"])  # the runs untouched
 
 
+def test_a_finished_run_at_the_rate_its_sweep_chose_is_left_out_not_refused(cli, step_times):
+    """A swept experiment plans its runs at the centre rate; a finished run trained at the rate the sweep
+    chose instead differs in train.lr alone, and is left out as finished. Any other difference is refused."""
+    from normprop_cli.engine import expand_grid
+    from normprop_cli.experiments.plan import configs, each_setting
+
+    cfg = next(c for c, _ in configs("smoke") if c.experiment.name == "batch-size")
+    assert cfg.experiment.get("lr_sweep") is not None
+    spec = next(s for one in each_setting(cfg) for s in expand_grid(one) if s.name == "normprop-b16-s0")
+    fake_run(cli.results, spec.name, "complete", 2)
+    stored = OmegaConf.masked_copy(spec.run_cfg, list(spec.run_cfg))
+    stored.train.lr = 2 * float(spec.run_cfg.train.lr)
+    written = cli.results / "batch-size" / "synthetic" / "runs" / spec.name / "config.yaml"
+    written.write_text(OmegaConf.to_yaml(stored))
+    assert dry_run(cli, step_times).exit_code == 0
+    assert plan_of(cli.results).loc["batch-size"].runs == 6 - 1
+    stored.train.momentum = 0.5
+    written.write_text(OmegaConf.to_yaml(stored))
+    result = dry_run(cli, step_times)
+    assert result.exit_code == 2 and "train.momentum" in result.output and "train.lr" in result.output
+
+
 def test_reproduce_all_plans_every_experiment_and_their_total(cli, tmp_path, step_times):
     before = tree(tmp_path)
     result = cli("reproduce-all", *SMOKE, "--dry-run", "--step-times", step_times, "--results-dir", cli.results)

@@ -85,6 +85,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         edges(cfg),
         unfinished(cfg),
     ]
+    out = [part for part in out if part]  # no empty paragraph where every run is finished
     for bs, g in t.groupby("batch_size", sort=True):
         head = ["rank", "method", "lr", "final acc (%) [95% CI]", "best-val acc (%)",
                 f"vs {ref} (pp) [{100 * level:.2f}% Welch CI]", "MDD (pp)", "drift", "ms/step"]  # fmt: skip

@@ -15,8 +15,8 @@ has its own, the classifier conv.
     frn          filter response normalisation with its TLU (Singh and Krishnan 2020): timm's
                  FilterResponseNormTlu2d with its gradient written out (fastnorm.py)
 
-Only torch and timm are used; the one layer neither ships, Batch Renormalization, is written here, on
-torch's fused batch norm.
+Only torch and timm are used; the one layer neither ships, Batch Renormalization, is written here, its
+gradient written out (`_BatchRenormFn`).
 """
 
 from __future__ import annotations

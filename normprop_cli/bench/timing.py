@@ -91,10 +91,10 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     config} to build a method's model from instead of `cfg` (a plan's runs: a method's settings, such as
     weight norm's data_init, are no other method's)."""
     methods = tuple(METHODS) if methods is None else methods
-    cfg = copy.deepcopy(cfg)
-    cfg.model.width = width
+    cfg = _at_width(cfg, width)
     x, y = _batches(data, cfg, dev, batch_size)
-    runs = {m: build_step(_at_width((own or {}).get(m, cfg), width), data, dev, m, options) for m in methods}
+    runs = {m: build_step(_at_width(own[m], width) if own and m in own else cfg, data, dev, m, options)
+            for m in methods}  # fmt: skip
     clocks = {m: StepClock(dev) for m in methods}
     for m, run in runs.items():
         run.clock = clocks[m]
@@ -120,6 +120,7 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
 
 
 def _at_width(cfg, width):
+    """A copy of `cfg` with the NIN at `width`."""
     cfg = copy.deepcopy(cfg)
     cfg.model.width = width
     return cfg

@@ -34,7 +34,8 @@ def _nc(t: Tensor) -> Tensor:
     return t[:, :, None, None] if t.ndim == 2 else t[None, :, None, None]
 
 
-def _wide(x: Tensor) -> Tensor:
+def wide(x: Tensor) -> Tensor:
+    """x in float32 or wider: under bfloat16 autocast the statistics are computed in float32."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -72,7 +73,7 @@ class FilterResponseNormTlu2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            y = _FrnTluFn.apply(_wide(x), self.weight, self.bias, self.tau, self.eps)
+            y = _FrnTluFn.apply(wide(x), self.weight, self.bias, self.tau, self.eps)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -142,7 +143,7 @@ class EvoNorm2dS0(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            y = _EvoNormS0Fn.apply(_wide(x), self.weight, self.bias, self.v, self.groups, self.eps)
+            y = _EvoNormS0Fn.apply(wide(x), self.weight, self.bias, self.v, self.groups, self.eps)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:

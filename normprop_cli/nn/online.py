@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fastnorm import EvoNorm2dS0
+from .fastnorm import EvoNorm2dS0, wide
 from .methods import register_method
 from .normalizers import activation_module, glorot_conv, groups_for
 
@@ -184,7 +184,7 @@ class OnlineNorm2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            xs = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16 autocast: the statistics in float32
+            xs = wide(x)  # bfloat16 autocast: the statistics in float32
             if self.training:  # the normaliser, the affine and the layer scaling in one Function
                 y = _OnlineNormFn.apply(xs, self, self.weight, self.bias, self.layer_scaling)
             else:  # evaluation: the running mu and sigma, then the affine and the layer scaling by autograd

@@ -39,11 +39,16 @@ def wide(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def _frn(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(z = w x s + b, s = (mean_HW(x^2) + eps)^(-1/2) [N, C])."""
+    s = (x.square().mean(HW) + eps).rsqrt()
+    return torch.addcmul(_nc(bias), x, _nc(weight * s)), s
+
+
 class _FrnTluFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, tau: Tensor, eps: float) -> Tensor:
-        s = (x.square().mean(HW) + eps).rsqrt()  # [N, C]
-        z = torch.addcmul(_nc(bias), x, _nc(weight * s))
+        z, s = _frn(x, weight, bias, eps)
         share = torch.sign(z - _nc(tau)).add_(1).mul_(0.5)  # z's share of max(z, tau)'s gradient: 1, 1/2 or 0
         ctx.save_for_backward(x, s, weight, share)
         return torch.maximum(z, _nc(tau))
@@ -73,7 +78,10 @@ class FilterResponseNormTlu2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            y = _FrnTluFn.apply(wide(x), self.weight, self.bias, self.tau, self.eps)
+            if torch.is_grad_enabled():
+                y = _FrnTluFn.apply(wide(x), self.weight, self.bias, self.tau, self.eps)
+            else:  # no backward (evaluation): max(z, tau) without the passes that save its gradient's split
+                y = torch.maximum(_frn(wide(x), self.weight, self.bias, self.eps)[0], _nc(self.tau))
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:

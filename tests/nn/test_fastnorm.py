@@ -69,6 +69,19 @@ def test_frn_tlu_equals_timms(n, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_frn_tlu_without_gradient_computes_the_same_numbers(fmt):
+    """Evaluation (no_grad) skips the passes that save max's gradient split, and gives the same output."""
+    fast = FilterResponseNormTlu2d(8)
+    same_parameters(TimmFrn(8), fast, seed=3)
+    x = images(50, 8, fmt=fmt, seed=3)
+    trained = fast(x.clone().requires_grad_())
+    with torch.no_grad():
+        scored = fast(x)
+    assert trained.grad_fn is not None and scored.grad_fn is None
+    assert torch.equal(scored, trained.detach()) and scored.is_contiguous(memory_format=fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [1, 50])
 @pytest.mark.parametrize("groups", [1, 4, 8])
 def test_evonorm_s0_equals_timms(n, fmt, groups):

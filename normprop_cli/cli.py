@@ -303,17 +303,14 @@ def reproduce_all(
         return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True)
     from normprop_cli import readme
     from normprop_cli.engine import tally
-    from normprop_cli.experiments import EXPERIMENTS
+    from normprop_cli.experiments import EXPERIMENTS, together
     from normprop_cli.report import write_report
 
     start = time.perf_counter()
     tally.reset()
-    cfg = None
     listed = config.root(preset).preset.get("experiments")  # a preset may name its own
-    for experiment in listed or EXPERIMENTS:
-        typer.echo(f"== {experiment}", err=True)
-        began = time.perf_counter()
-        cfg = compose(
+    cfgs = [
+        compose(
             experiment,
             preset,
             dataset if EXPERIMENTS[experiment].trains else None,
@@ -325,17 +322,33 @@ def reproduce_all(
             quiet=quiet or None,
             deterministic=deterministic or None,
         )
-        began_at = time.time()
-        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), began_at))
-        typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
+        for experiment in listed or EXPERIMENTS
+    ]
+    began: dict[str, tuple[float, float]] = {}
+
+    def begin(experiment: str) -> None:
+        typer.echo(f"== {experiment}", err=True)
+        began[experiment] = time.perf_counter(), time.time()
+
+    def end(experiment: str, out: Path) -> None:
+        typer.echo(wrote(out, began[experiment][1]))
+        typer.echo(f"{experiment} took {time.perf_counter() - began[experiment][0]:.0f} s")
+
+    if together.shared(cfgs):  # one pool of workers for every grid (experiments.together)
+        together.run_all(cfgs, begin, end, workers=int(config.root(preset).jobs))
+    else:
+        for cfg in cfgs:
+            begin(cfg.experiment.name)
+            end(cfg.experiment.name, EXPERIMENTS[cfg.experiment.name].run(cfg))
+    cfg = cfgs[-1]
     results = Path(cfg.results_dir)
-    began = time.perf_counter()
+    report_began = time.perf_counter()
     typer.echo(f"wrote {write_report(results)}")
     if above := enclosing(results):
         typer.echo(f"wrote {write_report(above)}")
     if (path := readme.update(above or results)) is not None:
         typer.echo(f"updated the verdicts in {path}")
-    typer.echo(f"the report took {time.perf_counter() - began:.0f} s")
+    typer.echo(f"the report took {time.perf_counter() - report_began:.0f} s")
     report_path = (above or results) / "REPORT.md"
     fresh = hints.command("reproduce-all", preset=cfg.preset.name, results_dir=Path(f"{results}-fresh"))
     typer.echo(

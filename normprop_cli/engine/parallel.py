@@ -58,7 +58,8 @@ class LastEpoch:
         pass
 
 
-_data: dict = {}  # a worker's data set, loaded once per process
+_data: dict = {}  # a worker's data sets, each loaded once per process
+DATA_KEPT = 2  # data sets a worker keeps: reproduce-all's experiments alternate between two (engine.pool)
 
 
 def train_in_worker(
@@ -74,7 +75,8 @@ def train_in_worker(
     devices.prepare(device, bool(cfg.get("deterministic", False)))
     key = (repr(run["dataset"]), str(cfg.data_dir), str(device))
     if key not in _data:
-        _data.clear()
+        while len(_data) >= DATA_KEPT:  # the oldest goes (dicts keep their insertion order)
+            _data.pop(next(iter(_data)))
         _data[key] = load_data(cfg, device)
     spec = RunSpec(name=cfg.run.name, setting=cfg.run.setting, seed=int(cfg.seed), cfg=cfg)
     last = LastEpoch()

@@ -76,8 +76,10 @@ class RichProgress:
 class QuietProgress:
     """One line per finished run, for logs and CI."""
 
-    def __init__(self, total_runs: int):
+    def __init__(self, total_runs: int, experiment: str = ""):
+        """`experiment`: named in each line, where several experiments' lines interleave (engine.pool)."""
         self.total_runs, self.index, self.last = total_runs, 0, None
+        self.of = f"{experiment} " if experiment else ""
 
     def __enter__(self):
         return self
@@ -99,7 +101,7 @@ class QuietProgress:
         last = self.last or {}
         acc = f", {accuracy(last, 2)}" if "test_acc" in last else ""
         print(
-            f"[{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
+            f"[{self.of}{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
             f"{manifest['epochs_done']} epochs{acc}",
             file=sys.stderr,
             flush=True,
@@ -109,7 +111,9 @@ class QuietProgress:
     def skip(self, spec, manifest):
         self.index += 1
         print(
-            f"[{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped", file=sys.stderr, flush=True
+            f"[{self.of}{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped",
+            file=sys.stderr,
+            flush=True,
         )
 
 

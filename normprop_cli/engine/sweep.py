@@ -49,10 +49,11 @@ def run_sweep(
         done = len(specs) - len(todo)
         say(f"{done} of {len(specs)} runs already finished in {where}: reused, not retrained")
     if todo and (jobs > 1 or launcher != "none"):
-        from normprop_cli.engine import launch, parallel
+        from normprop_cli.engine import launch, parallel, pool
 
         check_data(cfg, todo)
-        progress = QuietProgress(len(specs))  # one line per finished run
+        shared = pool.active()  # reproduce-all's one pool for several experiments, whose lines interleave
+        progress = QuietProgress(len(specs), cfg.experiment.name if shared else "")  # one line per finished run
         for spec in specs:
             if spec.name not in pending:
                 progress.skip(spec, read_manifest(run_dir(spec.cfg, spec.name)))
@@ -60,6 +61,8 @@ def run_sweep(
             launch.submit_slurm(cfg, todo, observers)  # exits: the jobs run on the cluster
         elif launcher == "local":
             launch.run_local(cfg, todo, observers, progress)
+        elif shared is not None:
+            pool.run_shared(shared, cfg, todo, observers, progress)
         else:
             parallel.run_pool(cfg, todo, observers, progress)
         manifests = [read_manifest(run_dir(s.cfg, s.name)) for s in specs]

@@ -36,6 +36,7 @@ class Experiment:
     headlines: Callable[[DictConfig], list[dict]]  # the report's rows: quantity, reproduced, paper
     paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs  # the report's findings
     trains: bool = True  # False: no runs, no data set; results in results/<name>/
+    alone: bool = False  # True: it times its runs, so reproduce-all gives it the machine to itself
 
     @property
     def section(self) -> str:
@@ -65,12 +66,13 @@ def experiment(
     headlines: Callable[[DictConfig], list[dict]],
     paragraphs: Callable[[DictConfig], list[str]] = no_paragraphs,
     trains: bool = True,
+    alone: bool = False,
 ) -> Callable[[Callable[[DictConfig], Path]], Callable[[DictConfig], Path]]:
     """Register the decorated `run` as the experiment `name`, with its other parts."""
 
     def register(run: Callable[[DictConfig], Path]) -> Callable[[DictConfig], Path]:
         EXPERIMENTS[name] = Experiment(name, saying_diverged(run) if trains else run, plot, headlines, paragraphs,
-                                       trains)  # fmt: skip
+                                       trains, alone)  # fmt: skip
         return run
 
     return register

@@ -254,7 +254,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     ]
 
 
-@experiment("timing", plot=plot, headlines=headlines, paragraphs=paragraphs)
+@experiment("timing", plot=plot, headlines=headlines, paragraphs=paragraphs, alone=True)
 def run(cfg: DictConfig) -> Path:
     if OmegaConf.select(cfg, "launcher.name", default="none") != "none":
         raise UserError(

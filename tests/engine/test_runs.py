@@ -153,6 +153,35 @@ def test_how_a_step_runs_may_change_when_a_run_goes_on(cli):
     assert result.exit_code == 2 and "train.amp" in result.output
 
 
+def test_the_batch_size_of_evaluation_is_not_part_of_a_run(cli):
+    """train.eval_batch_size only groups the images scored (no batch statistics in evaluation mode): a
+    finished run is reused under another one, and scoring at either gives the same accuracies and the same
+    losses up to float32 rounding."""
+    import torch
+
+    from normprop_cli import config
+    from normprop_cli.engine.job import load_data
+    from normprop_cli.engine.trainer import evaluate, make_run
+
+    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    result = cli("run", "table1", *SMOKE, "train.epochs=1", "train.eval_batch_size=7", "--results-dir", cli.results)
+    assert result.exit_code == 0, result.output
+    assert "already finished" in result.output and "complete after" not in result.output  # reused, not retrained
+    cfg = config.load("table1", preset="smoke")
+    data = load_data(cfg, torch.device("cpu"))
+    for norm in ("normprop", "batchnorm"):
+        cfg.model.norm = norm
+        torch.manual_seed(0)
+        run = make_run(cfg, data, torch.device("cpu"))
+        scores = []
+        for size in (64, 7):
+            cfg.train.eval_batch_size = size
+            scores.append(evaluate(run, data, cfg))
+        assert scores[0]["val_acc"] == scores[1]["val_acc"] and scores[0]["test_acc"] == scores[1]["test_acc"]
+        for key in ("val_loss", "test_loss"):
+            assert abs(scores[0][key] - scores[1][key]) <= 1e-5 * abs(scores[0][key])
+
+
 def test_how_a_rate_was_chosen_is_not_part_of_a_run_but_the_rate_is(tmp_path):
     """A run trained at lr 0.001 is the same run whether a one-epoch sweep on one seed or a six-epoch
     sweep on two seeds chose that rate (experiment.lr_sweep), and however many seeds its setting has

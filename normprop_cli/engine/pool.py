@@ -1,0 +1,257 @@
+"""One set of worker processes for the grids of several experiments at once (`normprop reproduce-all`,
+experiments.together): each experiment runs in a thread of the parent process and hands its runs to
+this pool, and a worker that finishes a run takes the next waiting run of any experiment. So no core
+waits at the end of one experiment's grid while another experiment has runs to train, and the workers
+start (import torch, load the data set) once, not once per grid.
+
+The threads take turns (TURN): a thread holds the turn while it runs its own code (configs, the rate
+sweep's choices, tables, figures) and lets it go only while it waits for its runs, so the parent's code
+runs one thread at a time, as in a sequential reproduce-all; only the workers' training overlaps.
+
+Which run a free worker takes: a learning-rate sweep's runs (sweep-*) first, since the experiment's
+reported runs wait on their choice; then the costliest (engine.cost's steps and images, scaled by the
+NIN's width), so that the last runs to finish are short ones. The order changes nothing in a run:
+each one is deterministic from its seed and its worker's thread count, which its own experiment's
+`jobs` sets as in engine.parallel.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import multiprocessing
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import cloudpickle
+from omegaconf import DictConfig
+
+from normprop_cli import device as devices
+from normprop_cli.engine.cost import run_cost
+from normprop_cli.engine.parallel import Observers, _interrupt, plain, report, stop_unfinished, worker_threads
+from normprop_cli.engine.progress import QuietProgress
+from normprop_cli.engine.runs import RunSpec, say
+from normprop_cli.errors import UserError
+
+TURN = threading.Lock()  # held by the experiment thread whose own code runs (module docstring)
+
+
+class Closed(BaseException):
+    """The pool was closed (another experiment failed, or Ctrl-C) while a thread waited for its runs."""
+
+
+@dataclass(order=True)
+class Task:
+    priority: tuple
+    seq: int
+    batch: int = field(compare=False)
+    spec: RunSpec = field(compare=False)
+    threads: int = field(compare=False)
+    observers: bytes = field(compare=False)
+
+
+def weight(spec: RunSpec) -> float:
+    """A run's work in image-passes, for the order only: SGD steps cost about 8 images each beyond their
+    images (a batch-1 step is bound by its operator calls), evaluation a third of a training image, and the
+    NIN's work grows with the square of its width."""
+    cost = run_cost(spec)
+    if cost is None:
+        return 0.0
+    work = 8 * cost.steps + cost.train_images + cost.eval_images / 3 + cost.single_images
+    return work * (max(float(spec.cfg.model.width), 0.25) / 0.25) ** 2
+
+
+def priority(spec: RunSpec) -> tuple:
+    return (0 if spec.name.startswith("sweep-") else 1, -weight(spec))
+
+
+class Pool:
+    """`workers` worker processes on `device` and the thread that feeds them (module docstring)."""
+
+    def __init__(self, workers: int, device: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(workers)]
+        self.procs = [
+            ctx.Process(target=_serve, args=(k, dev, self.inboxes[k], self.results), daemon=True)
+            for k, dev in enumerate(devices.for_workers(device, workers))
+        ]
+        self.mutex = threading.Lock()
+        self.waiting: list[Task] = []  # a heap, by priority
+        self.running: dict[int, Task] = {}  # worker -> its task
+        self.idle = list(range(workers))
+        self.dead: set[int] = set()
+        self.mailboxes: dict[int, queue.Queue] = {}
+        self.open_tasks: dict[tuple[int, str], Task] = {}  # submitted, not yet answered
+        self.count = itertools.count()
+        self.closed: str | None = None
+        for p in self.procs:
+            p.start()
+        self.router = threading.Thread(target=self._route, name="pool-router", daemon=True)
+        self.router.start()
+
+    def submit(self, todo: Sequence[RunSpec], observers: Observers, threads: int) -> tuple[int, queue.Queue]:
+        """Queue `todo`'s runs; the mailbox that gets one message per run: (kind, name, payload)."""
+        pickled = cloudpickle.dumps(observers)
+        ranks = [priority(spec) for spec in todo]  # reads manifests: before the router's lock
+        with self.mutex:
+            if self.closed:
+                raise Closed(self.closed)
+            batch, box = next(self.count), queue.Queue()
+            self.mailboxes[batch] = box
+            for spec, rank in zip(todo, ranks, strict=True):
+                task = Task(rank, next(self.count), batch, spec, threads, pickled)
+                heapq.heappush(self.waiting, task)
+                self.open_tasks[(batch, spec.name)] = task
+            self._dispatch()
+        return batch, box
+
+    def unfinished(self) -> list[RunSpec]:
+        with self.mutex:
+            return [t.spec for t in sorted(self.open_tasks.values(), key=lambda t: t.seq)]
+
+    def close(self, why: str) -> None:
+        """Stop the workers (a run in training keeps its finished epochs) and wake every waiting thread."""
+        with self.mutex:
+            if self.closed:
+                return
+            self.closed = why
+            boxes = list(self.mailboxes.values())
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()  # SIGTERM: the worker stops as on Ctrl-C
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        for box in boxes:
+            box.put(("closed", "", why))
+
+    def _dispatch(self) -> None:  # under self.mutex
+        while self.idle and self.waiting:
+            k, task = self.idle.pop(0), heapq.heappop(self.waiting)
+            self.running[k] = task
+            self.inboxes[k].put((task.batch, plain(task.spec), task.threads, task.observers))
+        if not self.waiting or len(self.dead) < len(self.procs):
+            return
+        while self.waiting:  # no worker left to train them
+            task = heapq.heappop(self.waiting)
+            self._answer(task, ("dead", task.spec.name, None))
+
+    def _answer(self, task: Task, message: tuple) -> None:  # under self.mutex
+        self.open_tasks.pop((task.batch, task.spec.name), None)
+        if (box := self.mailboxes.get(task.batch)) is not None:  # None: its thread stopped waiting
+            box.put(message)
+
+    def _route(self) -> None:
+        try:
+            self._route_messages()
+        except Exception:  # a fault of this thread must not leave the experiments waiting forever
+            say(f"the worker pool failed: {traceback.format_exc().strip().splitlines()[-1]}")
+            self.close("the worker pool failed")
+
+    def _route_messages(self) -> None:
+        while not self.closed:
+            try:
+                kind, k, name, payload = self.results.get(timeout=0.5)
+            except queue.Empty:
+                kind = None
+            except (EOFError, OSError):  # the queue closed under us: close() is on its way
+                return
+            with self.mutex:
+                if self.closed:
+                    return
+                if kind is not None:
+                    task = self.running.pop(k)
+                    self.idle.append(k)
+                    self._answer(task, (kind, name, payload))
+                for k, p in enumerate(self.procs):
+                    if k not in self.dead and p.exitcode not in (None, 0):
+                        self.dead.add(k)
+                        say(f"worker process {k} died (exit code {p.exitcode}); the others go on")
+                        if k in self.idle:
+                            self.idle.remove(k)
+                        if (task := self.running.pop(k, None)) is not None:
+                            self._answer(task, ("dead", task.spec.name, p.exitcode))
+                self._dispatch()
+
+
+def _serve(k: int, device: str, inbox, results) -> None:
+    """A worker process: train each run it is handed until it is handed None."""
+    from normprop_cli.engine.parallel import train_in_worker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for _batch, run, threads, observers in iter(inbox.get, None):
+            name = run["run"]["name"]
+            try:
+                results.put(("done", k, name, train_in_worker(run, device, threads, cloudpickle.loads(observers))))
+            except UserError as exc:
+                results.put(("error", k, name, str(exc)))
+            except Exception:
+                results.put(("crash", k, name, traceback.format_exc()))
+    except KeyboardInterrupt:
+        pass
+
+
+_active: Pool | None = None
+
+
+def active() -> Pool | None:
+    """The pool the grids of this process train in, where experiments.together opened one."""
+    return _active
+
+
+@contextmanager
+def opened(workers: int, device: str) -> Iterator[Pool]:
+    """A pool for the grids run inside the block; closed at its end."""
+    global _active
+    pool = Pool(workers, device)
+    _active = pool
+    try:
+        yield pool
+    finally:
+        _active = None
+        pool.close("finished")
+
+
+def run_shared(pool: Pool, cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, progress: QuietProgress):
+    """engine.parallel.run_pool's work in the shared pool: train `todo`, one line per finished run. The
+    calling thread holds TURN and lets it go while it waits."""
+    specs, done, lost = {s.name: s for s in todo}, set(), []
+    batch, box = pool.submit(todo, observers, worker_threads(int(cfg.jobs)))
+    problem = None
+    TURN.release()
+    try:
+        for _ in range(len(todo)):
+            kind, name, payload = box.get()
+            if kind == "closed":
+                raise Closed(payload)
+            if kind == "done":
+                done.add(name)
+                report(progress, specs[name], *payload)
+            elif kind == "dead":
+                lost.append(name)
+            elif problem is None:  # the first error or crash stops the experiment once its turn is back
+                problem = (kind, name, payload)
+                break
+    finally:
+        TURN.acquire()
+        with pool.mutex:
+            pool.mailboxes.pop(batch, None)
+    if problem is not None:
+        kind, name, payload = problem
+        if kind == "error":
+            raise UserError(payload)
+        raise RuntimeError(f"run {name} failed in a worker process:\n{payload}")
+    unfinished = [s for s in todo if s.name not in done]
+    if unfinished:
+        stop_unfinished(unfinished, f"{len(pool.dead)} worker process(es) died", 1)

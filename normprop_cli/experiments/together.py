@@ -1,0 +1,90 @@
+"""`normprop reproduce-all`'s experiments at the same time, in one pool of worker processes
+(engine.pool): where a preset trains its grids in worker processes (`jobs` > 1, no launcher), an
+experiment that waits for its last runs, or for its rate sweep, leaves the workers to the others'
+runs instead of to idleness, and the workers start once.
+
+An experiment that times its runs (`Experiment.alone`: timing, C6) runs first, on its own, before the
+pool starts: nothing else runs on the machine while it measures. Each other experiment runs in a thread;
+the threads take turns at the parent's own work (engine.pool.TURN), so configs, choices, tables and
+figures are made one experiment at a time, exactly as one after another. Every run trains as it would
+in `normprop run EXPERIMENT`: the same config, seed and threads, so the same numbers.
+
+The first experiment that fails (a one-line error, a crashed run) stops the others: the pool's workers
+are stopped, every run keeps its finished epochs, and the command exits as that experiment would have.
+Ctrl-C does the same and lists the runs left unfinished.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from normprop_cli.engine import pool
+from normprop_cli.engine.parallel import stop_unfinished
+from normprop_cli.engine.runs import say
+from normprop_cli.experiments.base import EXPERIMENTS
+
+Begin = Callable[[str], None]  # says that an experiment starts
+End = Callable[[str, object], None]  # says what it wrote and how long it took
+
+
+def shared(cfgs: Sequence[DictConfig]) -> bool:
+    """Do these experiments train their grids in worker processes on this machine (then they share them)?"""
+    training = [c for c in cfgs if EXPERIMENTS[c.experiment.name].trains]
+    return any(int(c.jobs) > 1 for c in training) and all(
+        OmegaConf.select(c, "launcher.name", default="none") == "none" for c in cfgs
+    )
+
+
+def run_all(cfgs: Sequence[DictConfig], begin: Begin, end: End, workers: int) -> None:
+    """Run every experiment of `cfgs` (each composed for its experiment): those that must be alone one
+    after another first, then the others at the same time in one pool of `workers` processes (the
+    preset's `jobs`: an experiment's own `jobs` sets only its runs' threads, engine.pool)."""
+    alone = [c for c in cfgs if EXPERIMENTS[c.experiment.name].alone]
+    for cfg in alone:
+        name = cfg.experiment.name
+        begin(name)
+        end(name, EXPERIMENTS[name].run(cfg))
+    rest = [c for c in cfgs if not EXPERIMENTS[c.experiment.name].alone]
+    if not rest:
+        return
+    # The last in the paper's order (normalizers, with the longest chain of rate-sweep rounds) hands in
+    # its first runs first; those that train nothing (theory) take their turn after every grid is queued.
+    rest = sorted(reversed(rest), key=lambda c: not EXPERIMENTS[c.experiment.name].trains)
+    errors: list[BaseException] = []
+
+    def body(cfg: DictConfig) -> None:
+        name = cfg.experiment.name
+        try:
+            with pool.TURN:
+                begin(name)
+                end(name, EXPERIMENTS[name].run(cfg))
+        except pool.Closed:
+            pass
+        except BaseException as exc:  # noqa: BLE001  (SystemExit of a run's worker too: the main thread raises it)
+            errors.append(exc)
+            shared_pool.close(f"{name} stopped")
+
+    began = time.perf_counter()
+    with pool.opened(workers, str(rest[0].device)) as shared_pool:
+        threads = [threading.Thread(target=body, args=(c,), name=c.experiment.name, daemon=True) for c in rest]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.2)
+        except KeyboardInterrupt:
+            left = shared_pool.unfinished()
+            shared_pool.close("interrupted")
+            if left:
+                stop_unfinished(left, "interrupted", 130)
+            say("interrupted")
+            sys.exit(130)
+    if errors:
+        raise errors[0]
+    print(f"the {len(rest)} experiments together took {time.perf_counter() - began:.0f} s", flush=True)

@@ -1,0 +1,100 @@
+"""reproduce-all's experiments at the same time in one pool of workers (experiments.together,
+engine.pool): the same numbers as one experiment after another, an experiment that times its runs
+alone and first, and the first failure stops every experiment with its own message."""
+
+import multiprocessing
+import threading
+
+import pandas as pd
+import pytest
+
+from normprop_cli.cli import compose
+from normprop_cli.engine import pool
+from normprop_cli.errors import UserError
+from normprop_cli.experiments import EXPERIMENTS, base, together
+
+GRID = "grid=[{id: a, set: {model.norm: normprop}}, {id: b, set: {model.norm: batchnorm}}]"
+TIMING = ["train_seconds", "images_per_second", "epoch_seconds"]
+
+
+def configs(results, jobs, *names):
+    overrides = [f"jobs={jobs}", "seeds=2", "train.epochs=2", GRID]
+    return [compose(name, "smoke", None, overrides, results_dir=results, quiet=True) for name in names]
+
+
+def metrics(results, experiment):
+    runs = sorted((results / experiment / "synthetic" / "runs").iterdir())
+    assert runs
+    return {run.name: pd.read_csv(run / "metrics.csv").drop(columns=TIMING) for run in runs}
+
+
+def record():
+    said = []
+    return said, (lambda name: said.append(("begin", name))), (lambda name, out: said.append(("end", name)))
+
+
+def test_experiments_together_train_the_numbers_of_one_after_another(tmp_path, capfd):
+    names = ("table1", "convergence")
+    said, begin, end = record()
+    together.run_all(configs(tmp_path / "together", 2, *names), begin, end, workers=2)
+    assert sorted(said) == sorted([("begin", n) for n in names] + [("end", n) for n in names])
+    assert pool.active() is None and not multiprocessing.active_children()  # the pool closed with the block
+    lines = capfd.readouterr().err.splitlines()
+    assert sum(line.startswith("[table1 ") for line in lines) == 4  # each line names its experiment
+    for cfg in configs(tmp_path / "sequential", 1, *names):
+        EXPERIMENTS[cfg.experiment.name].run(cfg)
+    for name in names:
+        shared, alone = metrics(tmp_path / "together", name), metrics(tmp_path / "sequential", name)
+        assert shared.keys() == alone.keys()
+        for run in alone:
+            pd.testing.assert_frame_equal(shared[run], alone[run], check_exact=True)
+
+
+def test_shared_only_where_grids_train_in_local_workers(tmp_path):
+    assert together.shared(configs(tmp_path, 2, "table1", "convergence"))
+    assert not together.shared(configs(tmp_path, 1, "table1", "convergence"))
+    slurm = compose("table1", "smoke", None, ["jobs=2", "launcher=slurm"], results_dir=tmp_path)
+    assert not together.shared([slurm])
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Register a fake experiment `name` whose run calls `body(cfg)` (table1's config)."""
+
+    def register(name, body, alone=False):
+        real = EXPERIMENTS["table1"]
+        monkeypatch.setitem(EXPERIMENTS, name, base.Experiment(name, body, real.plot, real.headlines, alone=alone))
+
+    return register
+
+
+def test_an_experiment_that_times_its_runs_runs_first_and_alone(tmp_path, fake):
+    seen = []
+
+    def timed(cfg):
+        seen.append((pool.active(), threading.current_thread() is threading.main_thread()))
+        return tmp_path
+
+    fake("timed", timed, alone=True)
+    cfgs = configs(tmp_path, 2, "table1")
+    cfgs.append(cfgs[0].copy())
+    cfgs[-1].experiment.name = "timed"
+    said, begin, end = record()
+    together.run_all(cfgs, begin, end, workers=2)
+    assert said[:2] == [("begin", "timed"), ("end", "timed")]  # before the others began
+    assert seen == [(None, True)]  # no pool, no other thread
+
+
+def test_the_first_failure_stops_the_others_with_its_message(tmp_path, fake):
+    def broken(cfg):
+        raise UserError("broken: what to do")
+
+    fake("broken", broken)
+    cfgs = configs(tmp_path, 2, "table1")
+    cfgs.append(cfgs[0].copy())
+    cfgs[-1].experiment.name = "broken"
+    said, begin, end = record()
+    with pytest.raises(UserError, match="broken: what to do"):
+        together.run_all(cfgs, begin, end, workers=2)
+    assert ("end", "table1") not in said  # stopped, not finished
+    assert pool.active() is None and not multiprocessing.active_children()

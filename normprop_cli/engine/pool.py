@@ -71,7 +71,8 @@ def priority(spec: RunSpec) -> tuple:
 
 
 class Pool:
-    """`workers` worker processes on `device` and the thread that feeds them (module docstring)."""
+    """`workers` worker processes on `device` and the thread that feeds them (module docstring), started
+    with the first runs handed in."""
 
     def __init__(self, workers: int, device: str) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -90,9 +91,13 @@ class Pool:
         self.open_tasks: dict[tuple[int, str], Task] = {}  # submitted, not yet answered
         self.count = itertools.count()
         self.closed: str | None = None
+        self.started = False  # a reproduce-all that reuses every run starts no worker
+        self.router = threading.Thread(target=self._route, name="pool-router", daemon=True)
+
+    def _start(self) -> None:  # under self.mutex: the workers start with the first runs to train
+        self.started = True
         for p in self.procs:
             p.start()
-        self.router = threading.Thread(target=self._route, name="pool-router", daemon=True)
         self.router.start()
 
     def submit(self, todo: Sequence[RunSpec], observers: Observers, threads: int) -> tuple[int, queue.Queue]:
@@ -102,6 +107,8 @@ class Pool:
         with self.mutex:
             if self.closed:
                 raise Closed(self.closed)
+            if not self.started:
+                self._start()
             batch, box = next(self.count), queue.Queue()
             self.mailboxes[batch] = box
             for spec, rank in zip(todo, ranks, strict=True):
@@ -122,12 +129,13 @@ class Pool:
                 return
             self.closed = why
             boxes = list(self.mailboxes.values())
+        started = [p for p in self.procs if p.pid is not None]
         for inbox in self.inboxes:
             inbox.put(None)
-        for p in self.procs:
+        for p in started:
             if p.is_alive():
                 p.terminate()  # SIGTERM: the worker stops as on Ctrl-C
-        for p in self.procs:
+        for p in started:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()

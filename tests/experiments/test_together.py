@@ -98,3 +98,25 @@ def test_the_first_failure_stops_the_others_with_its_message(tmp_path, fake):
         together.run_all(cfgs, begin, end, workers=2)
     assert ("end", "table1") not in said  # stopped, not finished
     assert pool.active() is None and not multiprocessing.active_children()
+
+
+def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd):
+    """Ctrl-C while the experiments train together: exit code 130, one line naming the unfinished runs,
+    the workers gone; the same command again finishes every run."""
+    import _thread
+
+    names = ("table1", "convergence")
+    said, begin, end = record()
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # as a user would press it, once the workers train
+    timer.start()
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            together.run_all(configs(tmp_path, 2, *names), begin, end, workers=2)
+    finally:
+        timer.cancel()
+    assert stopped.value.code == 130
+    assert "interrupted" in capfd.readouterr().err
+    assert pool.active() is None and not multiprocessing.active_children()
+    together.run_all(configs(tmp_path, 2, *names), begin, end, workers=2)
+    for name in names:
+        assert len(metrics(tmp_path, name)) == 4  # 2 settings x 2 seeds, each complete

@@ -294,8 +294,9 @@ def reproduce_all(
     dry_run: DryRun = False,
     step_times: StepTimesCsv = None,
 ) -> None:
-    """Every experiment in the paper's order (theory first), or those the preset lists
-    (preset.experiments), then the figures and the report."""
+    """Every experiment (in the paper's order, or those the preset lists: preset.experiments), then the
+    figures and the report; where the preset trains in worker processes, timing first and alone, then the
+    others together in one pool of workers."""
     if dry_run:  # plan.csv: a row per experiment and their total; nothing trained
         from normprop_cli.experiments.plan import configs
 

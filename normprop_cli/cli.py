@@ -325,22 +325,19 @@ def reproduce_all(
         )
         for experiment in listed or EXPERIMENTS
     ]
-    began: dict[str, tuple[float, float]] = {}
 
-    def begin(experiment: str) -> None:
+    def run_one(cfg) -> None:
+        experiment = cfg.experiment.name
         typer.echo(f"== {experiment}", err=True)
-        began[experiment] = time.perf_counter(), time.time()
-
-    def end(experiment: str, out: Path) -> None:
-        typer.echo(wrote(out, began[experiment][1]))
-        typer.echo(f"{experiment} took {time.perf_counter() - began[experiment][0]:.0f} s")
+        began, began_at = time.perf_counter(), time.time()
+        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), began_at))
+        typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
 
     if together.shared(cfgs):  # one pool of workers for every grid (experiments.together)
-        together.run_all(cfgs, begin, end, workers=int(config.root(preset).jobs))
+        together.run_all(cfgs, run_one, workers=int(config.root(preset).jobs))
     else:
         for cfg in cfgs:
-            begin(cfg.experiment.name)
-            end(cfg.experiment.name, EXPERIMENTS[cfg.experiment.name].run(cfg))
+            run_one(cfg)
     cfg = cfgs[-1]
     results = Path(cfg.results_dir)
     report_began = time.perf_counter()

@@ -108,13 +108,13 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
     n = min(int(cfg.jobs), len(todo))
     ctx = multiprocessing.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
+    threads, pickled = worker_threads(n), cloudpickle.dumps(observers)
     for spec in todo:
-        tasks.put(plain(spec))
+        tasks.put((plain(spec), threads, pickled))
     for _ in range(n):
         tasks.put(None)  # one stop sign per worker, after every run
-    args = (worker_threads(n), cloudpickle.dumps(observers), tasks, results)
     workers = [
-        ctx.Process(target=_serve, args=(k, device, *args), daemon=True)
+        ctx.Process(target=serve, args=(k, device, tasks, results), daemon=True)
         for k, device in enumerate(devices.for_workers(cfg.device, n))
     ]
     for w in workers:
@@ -170,16 +170,16 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _serve(k: int, device: str, threads: int, observers: bytes, tasks, results) -> None:
-    """A worker process: train the runs it takes from `tasks` until it takes a stop sign."""
+def serve(k: int, device: str, tasks, results) -> None:
+    """A worker process (this module's pool, and engine.pool's): train each run it takes from `tasks`,
+    (plain config, threads, pickled observers), until it takes a stop sign (None) or a run fails."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        observers = cloudpickle.loads(observers)
-        for run in iter(tasks.get, None):
+        for run, threads, observers in iter(tasks.get, None):
             name = run["run"]["name"]
             try:
-                results.put(("done", k, name, train_in_worker(run, device, threads, observers)))
+                results.put(("done", k, name, train_in_worker(run, device, threads, cloudpickle.loads(observers))))
             except UserError as exc:
                 results.put(("error", k, name, str(exc)))
                 return

@@ -21,7 +21,6 @@ import heapq
 import itertools
 import multiprocessing
 import queue
-import signal
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -33,7 +32,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import device as devices
 from normprop_cli.engine.cost import run_cost
-from normprop_cli.engine.parallel import Observers, _interrupt, plain, report, stop_unfinished, worker_threads
+from normprop_cli.engine.parallel import Observers, plain, report, serve, stop_unfinished, worker_threads
 from normprop_cli.engine.progress import QuietProgress
 from normprop_cli.engine.runs import RunSpec, say
 from normprop_cli.errors import UserError
@@ -79,7 +78,7 @@ class Pool:
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(workers)]
         self.procs = [
-            ctx.Process(target=_serve, args=(k, dev, self.inboxes[k], self.results), daemon=True)
+            ctx.Process(target=serve, args=(k, dev, self.inboxes[k], self.results), daemon=True)
             for k, dev in enumerate(devices.for_workers(device, workers))
         ]
         self.mutex = threading.Lock()
@@ -146,7 +145,7 @@ class Pool:
         while self.idle and self.waiting:
             k, task = self.idle.pop(0), heapq.heappop(self.waiting)
             self.running[k] = task
-            self.inboxes[k].put((task.batch, plain(task.spec), task.threads, task.observers))
+            self.inboxes[k].put((plain(task.spec), task.threads, task.observers))
         if not self.waiting or len(self.dead) < len(self.procs):
             return
         while self.waiting:  # no worker left to train them
@@ -189,25 +188,6 @@ class Pool:
                         if (task := self.running.pop(k, None)) is not None:
                             self._answer(task, ("dead", task.spec.name, p.exitcode))
                 self._dispatch()
-
-
-def _serve(k: int, device: str, inbox, results) -> None:
-    """A worker process: train each run it is handed until it is handed None."""
-    from normprop_cli.engine.parallel import train_in_worker
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        for _batch, run, threads, observers in iter(inbox.get, None):
-            name = run["run"]["name"]
-            try:
-                results.put(("done", k, name, train_in_worker(run, device, threads, cloudpickle.loads(observers))))
-            except UserError as exc:
-                results.put(("error", k, name, str(exc)))
-            except Exception:
-                results.put(("crash", k, name, traceback.format_exc()))
-    except KeyboardInterrupt:
-        pass
 
 
 _active: Pool | None = None

@@ -28,8 +28,7 @@ from normprop_cli.engine.parallel import stop_unfinished
 from normprop_cli.engine.runs import say
 from normprop_cli.experiments.base import EXPERIMENTS
 
-Begin = Callable[[str], None]  # says that an experiment starts
-End = Callable[[str, object], None]  # says what it wrote and how long it took
+Run = Callable[[DictConfig], None]  # runs one experiment's config, saying when it starts and ends
 
 
 def shared(cfgs: Sequence[DictConfig]) -> bool:
@@ -40,15 +39,13 @@ def shared(cfgs: Sequence[DictConfig]) -> bool:
     )
 
 
-def run_all(cfgs: Sequence[DictConfig], begin: Begin, end: End, workers: int) -> None:
-    """Run every experiment of `cfgs` (each composed for its experiment): those that must be alone one
-    after another first, then the others at the same time in one pool of `workers` processes (the
-    preset's `jobs`: an experiment's own `jobs` sets only its runs' threads, engine.pool)."""
-    alone = [c for c in cfgs if EXPERIMENTS[c.experiment.name].alone]
-    for cfg in alone:
-        name = cfg.experiment.name
-        begin(name)
-        end(name, EXPERIMENTS[name].run(cfg))
+def run_all(cfgs: Sequence[DictConfig], run: Run, workers: int) -> None:
+    """`run` every experiment's config of `cfgs`: those that must be alone one after another first, then the
+    others at the same time in one pool of `workers` processes (the preset's `jobs`: an experiment's own
+    `jobs` sets only its runs' threads, engine.pool)."""
+    for cfg in cfgs:
+        if EXPERIMENTS[cfg.experiment.name].alone:
+            run(cfg)
     rest = [c for c in cfgs if not EXPERIMENTS[c.experiment.name].alone]
     if not rest:
         return
@@ -58,16 +55,14 @@ def run_all(cfgs: Sequence[DictConfig], begin: Begin, end: End, workers: int) ->
     errors: list[BaseException] = []
 
     def body(cfg: DictConfig) -> None:
-        name = cfg.experiment.name
         try:
             with pool.TURN:
-                begin(name)
-                end(name, EXPERIMENTS[name].run(cfg))
+                run(cfg)
         except pool.Closed:
             pass
         except BaseException as exc:  # noqa: BLE001  (SystemExit of a run's worker too: the main thread raises it)
             errors.append(exc)
-            shared_pool.close(f"{name} stopped")
+            shared_pool.close(f"{cfg.experiment.name} stopped")
 
     began = time.perf_counter()
     with pool.opened(workers, str(rest[0].device)) as shared_pool:

@@ -29,14 +29,21 @@ def metrics(results, experiment):
 
 
 def record():
+    """A `run` for run_all that records when each experiment begins and ends."""
     said = []
-    return said, (lambda name: said.append(("begin", name))), (lambda name, out: said.append(("end", name)))
+
+    def run(cfg):
+        said.append(("begin", cfg.experiment.name))
+        EXPERIMENTS[cfg.experiment.name].run(cfg)
+        said.append(("end", cfg.experiment.name))
+
+    return said, run
 
 
 def test_experiments_together_train_the_numbers_of_one_after_another(tmp_path, capfd):
     names = ("table1", "convergence")
-    said, begin, end = record()
-    together.run_all(configs(tmp_path / "together", 2, *names), begin, end, workers=2)
+    said, run = record()
+    together.run_all(configs(tmp_path / "together", 2, *names), run, workers=2)
     assert sorted(said) == sorted([("begin", n) for n in names] + [("end", n) for n in names])
     assert pool.active() is None and not multiprocessing.active_children()  # the pool closed with the block
     lines = capfd.readouterr().err.splitlines()
@@ -79,8 +86,8 @@ def test_an_experiment_that_times_its_runs_runs_first_and_alone(tmp_path, fake):
     cfgs = configs(tmp_path, 2, "table1")
     cfgs.append(cfgs[0].copy())
     cfgs[-1].experiment.name = "timed"
-    said, begin, end = record()
-    together.run_all(cfgs, begin, end, workers=2)
+    said, run = record()
+    together.run_all(cfgs, run, workers=2)
     assert said[:2] == [("begin", "timed"), ("end", "timed")]  # before the others began
     assert seen == [(None, True)]  # no pool, no other thread
 
@@ -93,9 +100,9 @@ def test_the_first_failure_stops_the_others_with_its_message(tmp_path, fake):
     cfgs = configs(tmp_path, 2, "table1")
     cfgs.append(cfgs[0].copy())
     cfgs[-1].experiment.name = "broken"
-    said, begin, end = record()
+    said, run = record()
     with pytest.raises(UserError, match="broken: what to do"):
-        together.run_all(cfgs, begin, end, workers=2)
+        together.run_all(cfgs, run, workers=2)
     assert ("end", "table1") not in said  # stopped, not finished
     assert pool.active() is None and not multiprocessing.active_children()
 
@@ -106,17 +113,17 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
     import _thread
 
     names = ("table1", "convergence")
-    said, begin, end = record()
+    said, run = record()
     timer = threading.Timer(3.0, _thread.interrupt_main)  # as a user would press it, once the workers train
     timer.start()
     try:
         with pytest.raises(SystemExit) as stopped:
-            together.run_all(configs(tmp_path, 2, *names), begin, end, workers=2)
+            together.run_all(configs(tmp_path, 2, *names), run, workers=2)
     finally:
         timer.cancel()
     assert stopped.value.code == 130
     assert "interrupted" in capfd.readouterr().err
     assert pool.active() is None and not multiprocessing.active_children()
-    together.run_all(configs(tmp_path, 2, *names), begin, end, workers=2)
+    together.run_all(configs(tmp_path, 2, *names), run, workers=2)
     for name in names:
         assert len(metrics(tmp_path, name)) == 4  # 2 settings x 2 seeds, each complete

@@ -118,6 +118,38 @@ def test_syncs_are_counted_only_on_cuda():
     assert gpu_items.count_syncs(lambda: calls.append(1), torch.device("cpu")) == 0 and calls == [1]
 
 
+def test_only_the_warnings_of_synchronising_calls_count_as_syncs():
+    """The first use of torch's sync debug mode warns that it is a prototype, naming synchronisation: on the
+    first GPU run that warning was counted as a sync of the first method measured (0.2 per step)."""
+    messages = [
+        "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations",
+        "called a synchronizing CUDA operation",
+        "called a synchronizing CUDA operation",
+        "Converting a tensor with requires_grad=True to a scalar may lead to unexpected behavior.",
+    ]
+    assert gpu_items.count_sync_warnings(messages) == 2
+
+
+def test_cpu_agreement_copies_each_loss_as_a_graph_overwrites_its_output(monkeypatch):
+    """A CUDA graph's step returns the same output tensor at every replay: the item keeps each step's loss."""
+
+    class Replayed:
+        def __init__(self):
+            self.out, self.k = torch.zeros(()), 0
+
+        def step(self, x, y):
+            self.k += 1
+            self.out.fill_(float(self.k))  # the graph's static output, written in place
+            return self.out, self.out
+
+    monkeypatch.setattr(gpu_items, "trainer_run", lambda cfg, data, dev, method: Replayed())
+    cfg = config.load("table1", preset="smoke")
+    item = gpu_items.agreement(cfg, torch.device("cpu"), torch.device("cpu"), ("none",), steps=3)
+    assert item.passed and item.details == [
+        "- none: losses 1.0000, 2.0000, 3.0000 on cpu, 1.0000, 2.0000, 3.0000 on cpu; largest relative gap 0.00e+00"
+    ]
+
+
 def test_a_run_killed_after_its_first_epoch_resumes_to_completion(tmp_path):
     """The real path in subprocesses, on the CPU: table1 (flips on two of its four runs) on CIFAR-10 pickles
     written on the spot, killed once a first epoch's manifest is there, run again."""

@@ -243,53 +243,90 @@ def test_compiled_step_gives_the_eager_numbers():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
-def test_cuda_graph_replays_the_eager_steps_exactly(norm):
-    """Capture warms up and is undone; the lr set between replays reaches the graph."""
+REPLAY_LR = 0.01  # assert_replays' rate: at LR (0.05) and batch 6, SGD amplifies rounding within these steps
+
+
+def assert_replays(train):
+    """`train(other)` -> (losses, state dict): the other way of running the steps (a CUDA graph) gives the
+    plain steps' numbers, to float32 rounding: losses within 1e-4 (relative), weights and buffers within
+    rtol 1e-4, atol 1e-5, as the CPU's step equivalences here. The steps run at REPLAY_LR: at 0.05 and batch 6
+    they amplify rounding (on the CPU, channels_last against plain: BatchNorm's losses 9e-4 apart after 6
+    steps at 0.05, 2e-7 at 0.01), and a graph may run other kernels than the eager step."""
+    (pl, ps), (ol, os_) = train(False), train(True)
+    assert ol == pytest.approx(pl, rel=1e-4)
+    for k, v in ps.items():
+        torch.testing.assert_close(os_[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.fixture
+def cuda_float32():
+    """Full float32 on CUDA (no TF32) and cuDNN's deterministic algorithms, so that the steps compared by
+    assert_replays round as float32 does, the same way each time (a cuDNN weight gradient summed with atomics
+    differs from run to run: the first GPU run's GroupNorm, graph against eager)."""
+    flags = ("allow_tf32", "deterministic", "benchmark")
+    saved = [getattr(torch.backends.cudnn, f) for f in flags], torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    for f, v in zip(flags, saved[0], strict=True):
+        setattr(torch.backends.cudnn, f, v)
+    torch.backends.cuda.matmul.allow_tf32 = saved[1]
+
+
+def halving_rate(norm, device, other_options, halve_in_other=True):
+    """assert_replays' `train`: 6 steps at REPLAY_LR, halved after the third (set between steps); `other`
+    runs under `other_options` (GraphedStep where they ask for a CUDA graph), and halves the rate only if told."""
     xs, ys = batches(n=6)
-    out = {}
-    for graph in (False, True):
-        model, data_norm, opt = setup(norm, "cuda")
-        step = Step(
-            model,
-            data_norm,
-            opt,
-            constrain=norm == "normprop",
-            options=StepOptions(cuda_graph=graph),
-        )
-        step = GraphedStep(step) if graph else step
+
+    def train(other):
+        options = other_options if other else StepOptions()
+        model, data_norm, opt = setup(norm, device, options)
+        step = Step(model, data_norm, opt, constrain=norm == "normprop", options=options)
+        step = GraphedStep(step) if options.cuda_graph else step
         losses = []
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            set_lr(opt, LR if i < 3 else LR / 2)
-            losses.append(step(x.cuda(), y.cuda())[0].item())
-        out[graph] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
-    assert out[True][0] == pytest.approx(out[False][0], rel=1e-5)
-    for k, v in out[False][1].items():
-        torch.testing.assert_close(out[True][1][k], v, rtol=1e-5, atol=1e-6)
+            set_lr(opt, REPLAY_LR if i < 3 or (other and not halve_in_other) else REPLAY_LR / 2)
+            losses.append(step(x.to(device), y.to(device))[0].item())
+        return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+    return train
+
+
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
+def test_the_replay_yardstick_passes_rounding_and_fails_a_missed_rate_change(norm):
+    """On the CPU: channels_last (other kernels, the same steps) passes assert_replays; a rate change that
+    does not reach the steps (what a graph that baked its rate in would do) fails it."""
+    assert_replays(halving_rate(norm, "cpu", StepOptions(channels_last=True)))
+    with pytest.raises(AssertionError):
+        assert_replays(halving_rate(norm, "cpu", StepOptions(channels_last=True), halve_in_other=False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("norm", ["normprop", "batchnorm"])
+def test_cuda_graph_replays_the_eager_steps(norm, cuda_float32):
+    """Capture warms up and is undone; the lr set between replays reaches the graph."""
+    assert_replays(halving_rate(norm, "cuda", StepOptions(cuda_graph=True)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_is_captured_as_one_cuda_graph_with_the_eager_numbers(method):
+def test_every_method_is_captured_as_one_cuda_graph_with_the_eager_numbers(method, cuda_float32):
     """cuda_graph is on by default on CUDA: every method's step (its clipping included) is captured, with
-    no fall-back to the eager step, and replays the eager steps."""
+    no fall-back to the eager step, and replays the eager steps (assert_replays)."""
     xs, ys = batches(n=5)
     agc = settings(method).get("train.agc")
-    out = {}
-    for graph in (False, True):
+
+    def train(graph):
         torch.manual_seed(0)
         model = NIN(10, width=0.1, **model_options(method)).cuda()
         data_norm = make_data_norm("batch", torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).cuda()
-        opt = make_optimizer(model, LR, MOMENTUM, DECAY, torch.device("cuda"))
-        options = StepOptions(cuda_graph=graph)
-        step = make_step(model, data_norm, opt, has_normprop_layers(model), options, agc, method)
+        opt = make_optimizer(model, REPLAY_LR, MOMENTUM, DECAY, torch.device("cuda"))
+        step = make_step(model, data_norm, opt, has_normprop_layers(model), StepOptions(cuda_graph=graph), agc, method)
         losses = [step(x.cuda(), y.cuda())[0].item() for x, y in zip(xs, ys, strict=True)]
         assert not graph or (step.graph is not None and not step.eager), method
-        out[graph] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
-    assert out[True][0] == pytest.approx(out[False][0], rel=1e-4)
-    for k, v in out[False][1].items():
-        torch.testing.assert_close(out[True][1][k], v, rtol=1e-4, atol=1e-5)
+        return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+    assert_replays(train)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

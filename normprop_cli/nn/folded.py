@@ -105,6 +105,36 @@ class _FoldAll(torch.autograd.Function):
         return None, None, *gu, *(dscale * ds).split(sizes), *(db * inv_c1).split(sizes)
 
 
+FLOOR_MIN_NUMEL = 1 << 16  # outputs from this size on take _Floor; smaller ones, torch's threshold_
+
+
+def floor_(out: Tensor, floor: float) -> Tensor:
+    """max(out, floor) in place: eq. 11's clamp of the ReLU, folded (-c2/c1). Where autograd records it for an
+    output of FLOOR_MIN_NUMEL elements or more, its backward reads the result, not the input: result > floor
+    exactly where input > floor, so the gradient is threshold's, bit for bit, and autograd keeps no copy of the
+    input, which torch's in-place threshold_ saves (a copy of the layer's output per step). Below that size
+    the copy costs less than a Python autograd node, and threshold_ is used: the same numbers either way."""
+    if out.numel() >= FLOOR_MIN_NUMEL and out.requires_grad and torch.is_grad_enabled():
+        return _Floor.apply(out, floor)
+    return torch.threshold_(out, floor, floor)
+
+
+class _Floor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, floor):
+        torch.threshold_(out, floor, floor)
+        ctx.mark_dirty(out)
+        ctx.save_for_backward(out)
+        ctx.floor = floor
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (result,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, result, ctx.floor), None
+
+
 def _writable(g: Tensor | None, w: Tensor) -> Tensor:
     """dL/du_i for the backward to write in place: g itself where it is contiguous (the NIN's: its
     convolutions' fresh weight gradients, which nothing else holds), else a copy in w's layout, since

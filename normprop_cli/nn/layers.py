@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .folded import _autocast_dtype, _channels, fold_layers
+from .folded import _autocast_dtype, _channels, floor_, fold_layers
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
@@ -173,7 +173,7 @@ class NormPropLayer(nn.Module):
         else:
             out = self._op(x, u, bias)  # under autocast: u and the bias cast to bfloat16 here
         if self._floor is not None:
-            F.threshold_(out, self._floor, self._floor)  # max(out, floor) in place
+            out = floor_(out, self._floor)  # max(out, floor) in place
         return out
 
     def forward(self, x: Tensor) -> Tensor:

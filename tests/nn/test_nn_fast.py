@@ -231,3 +231,35 @@ def test_fold_backward_takes_gradients_of_any_strides(on_output):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     for a, b in zip((strided, expanded), kept, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_the_folded_clamp_gives_thresholds_gradient_bit_for_bit_and_keeps_no_copy_of_large_inputs(large, monkeypatch):
+    """floor_ (eq. 11's max(., -c2/c1) in place) against torch's threshold, values exactly at the floor
+    included: the same output and gradient, bit for bit; for an output of FLOOR_MIN_NUMEL elements or more
+    (here: the threshold lowered to 0), no clone of its input for the backward."""
+    from torch.profiler import profile
+
+    from normprop_cli.nn import folded
+    from normprop_cli.nn.folded import floor_
+
+    if large:
+        monkeypatch.setattr(folded, "FLOOR_MIN_NUMEL", 0)
+    torch.manual_seed(0)
+    w = torch.randn(8, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    x[1] = 0.0  # a conv output of exactly 0: at the floor below, where threshold's gradient is 0
+    floor = 0.0
+    g = torch.randn(4, 8, 6, 6, dtype=torch.float64)
+    ref_out = F.threshold(F.conv2d(x, w), floor, floor)
+    (ref,) = torch.autograd.grad(ref_out, w, g)
+    out = F.conv2d(x, w)
+    with profile() as prof:
+        out = floor_(out, floor)
+    (new,) = torch.autograd.grad(out, w, g)
+    assert torch.equal(out, ref_out) and torch.equal(new, ref)
+    copies = [e for e in prof.key_averages() if e.key in ("aten::clone", "aten::copy_")]
+    assert bool(copies) is not large
+    with torch.no_grad():
+        plain = floor_(F.conv2d(x, w), floor)
+    assert torch.equal(plain, ref_out) and plain.grad_fn is None

@@ -103,7 +103,7 @@ def step_times(data, cfg, dev, width, batch_size, steps, warmup, budget_s, optio
     while r < rounds:
         for m in shuffled(methods, r):  # no method always first, nor always after the same other one
             loss, _ = runs[m](x[r % len(x)], y[r % len(x)])
-            losses[m].append(loss)
+            losses[m].append(loss.clone())  # a CUDA graph's step returns one output tensor at every replay
         r += 1
         if steps is None and r == warmup + 1:  # one timed round: size the rest to the budget, the least kept
             per_round = sum(c.steps[-1] for c in clocks.values()) / 1e3

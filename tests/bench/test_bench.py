@@ -173,6 +173,34 @@ def test_every_configuration_times_at_least_the_least_steps(monkeypatch):
         assert {len(t) for t in times.values()} == {least}
 
 
+def test_finite_reads_every_steps_loss_though_a_graph_overwrites_its_output(monkeypatch):
+    """A CUDA graph's step returns one output tensor at every replay: a loss that was not finite at one step
+    and finite again at the last still makes `finite` False."""
+    from normprop_cli import config
+    from normprop_cli.bench import bench_data
+    from normprop_cli.bench import timing as bench_timing
+
+    class Replayed:
+        clock = None
+
+        def __init__(self):
+            self.out, self.k = torch.zeros(()), 0
+
+        def __call__(self, x, y):
+            self.clock.start()
+            self.k += 1
+            self.out.fill_(math.nan if self.k == 2 else float(self.k))  # written in place, as a graph's output
+            self.clock.stop()
+            return self.out, self.out
+
+    monkeypatch.setattr(bench_timing, "build_step", lambda *a, **k: Replayed())
+    cpu = torch.device("cpu")
+    cfg = config.load("table1", preset="smoke")
+    _, _, finite, _ = bench_timing.step_times(bench_data(cfg, cpu), cfg, cpu, 0.0625, 2, 3, 1, 1.0, StepOptions(),
+                                              ("none",), counted=False)  # fmt: skip
+    assert finite == {"none": False}
+
+
 def test_epoch_shares_add_up(bench):
     table, out = bench
     epochs = table.attrs["epochs"]

@@ -125,14 +125,15 @@ class _EvoNormS0Fn(torch.autograd.Function):
         p = (grad * u).sum(HW)  # [N, C]
         gw = (p / sd_c).sum(0)
         gu = grad * _nc(weight / sd_c)
-        w1 = gu * sig * (1 - sig)  # d(x sigmoid(v x))/dv = x^2 sig (1 - sig)
+        gu_sig = gu * sig
+        w1 = gu_sig * (1 - sig)  # d(x sigmoid(v x))/dv = x^2 sig (1 - sig)
         xw1 = w1 * x
         gv = (xw1 * x).sum((0, 2, 3))
         # through sd: g_sd [N, G] = -sum_{c in G} p w / sd^2; g_x += g_sd (x - mean_G) / (M sd)
         g_sd = -(p * weight).view(n, groups, per).sum(2) / sd.square()
         beta = (g_sd / (m * sd)).repeat_interleave(per, 1)
         shift = -(beta * mean.repeat_interleave(per, 1))
-        gx = torch.addcmul(gu * sig, xw1, _nc(v))  # d(x sig(v x))/dx = sig + v x sig (1 - sig)
+        gx = torch.addcmul(gu_sig, xw1, _nc(v))  # d(x sig(v x))/dx = sig + v x sig (1 - sig)
         gx.addcmul_(x, _nc(beta)).add_(_nc(shift))
         return gx, gw, gb, gv, None, None
 

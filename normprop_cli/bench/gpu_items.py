@@ -97,7 +97,7 @@ def method_steps(cfg, dev: torch.device, methods: Sequence[str], batch_size: int
         try:
             with console.capture() as said:
                 run = trainer_run(cfg, data, dev, m)
-                losses = [run.step(data.train.x[i.to(dev)], data.train.y[i.to(dev)])[0] for i in idx]
+                losses = [run.step(data.train.x[i.to(dev)], data.train.y[i.to(dev)])[0].clone() for i in idx]
                 devices.synchronize(dev)
             finite = bool(torch.isfinite(torch.stack(losses)).all())
             graphed = isinstance(run.step, GraphedStep) and not run.step.eager

@@ -205,6 +205,10 @@ class GraphedStep:
     that did not exist yet are zeroed, and SGD from a zero buffer is SGD's first step. Its `clock`
     times whole replays (the first with its capture); the captured Step's stays unset.
 
+    A replay returns the graph's own output tensors, the same ones every time, overwritten by the next
+    replay: the trainer adds each loss to its sums before the next step; a caller that keeps the losses of
+    several steps copies each (bench.timing, bench.gpu_items).
+
     Where capture fails (an operation that a graph cannot hold, such as a host sync), the state is
     put back as it was before, one line names the method (`name`) and the reason, and every step,
     this one included, runs the eager Step: the numbers of a run without the graph.

@@ -2,6 +2,7 @@
 on the CPU, with the GPU check stood in for (the CUDA-only readings answer "not measured"), its time cap,
 its summary, and the kill-and-resume of a real run in subprocesses."""
 
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -130,18 +131,21 @@ def test_only_the_warnings_of_synchronising_calls_count_as_syncs():
     assert gpu_items.count_sync_warnings(messages) == 2
 
 
+class Replayed:
+    """A run whose step writes every loss into one output tensor, as a CUDA graph's replay does; the
+    loss of step k is k, or NaN at the step `nan_at`."""
+
+    def __init__(self, nan_at=None):
+        self.out, self.k, self.nan_at = torch.zeros(()), 0, nan_at
+
+    def step(self, x, y):
+        self.k += 1
+        self.out.fill_(math.nan if self.k == self.nan_at else float(self.k))
+        return self.out, self.out
+
+
 def test_cpu_agreement_copies_each_loss_as_a_graph_overwrites_its_output(monkeypatch):
     """A CUDA graph's step returns the same output tensor at every replay: the item keeps each step's loss."""
-
-    class Replayed:
-        def __init__(self):
-            self.out, self.k = torch.zeros(()), 0
-
-        def step(self, x, y):
-            self.k += 1
-            self.out.fill_(float(self.k))  # the graph's static output, written in place
-            return self.out, self.out
-
     monkeypatch.setattr(gpu_items, "trainer_run", lambda cfg, data, dev, method: Replayed())
     cfg = config.load("table1", preset="smoke")
     item = gpu_items.agreement(cfg, torch.device("cpu"), torch.device("cpu"), ("none",), steps=3)
@@ -160,3 +164,11 @@ def test_a_run_killed_after_its_first_epoch_resumes_to_completion(tmp_path):
     manifests = gpu_items.manifests(results, "table1")
     assert len(manifests) == 4 and all(m["status"] == "complete" and m["epochs_done"] == 2 for m in manifests)
     assert "run(s) unfinished" in item.line and "completed all 4" in item.line
+
+
+def test_the_methods_item_reads_every_steps_loss_though_a_graph_overwrites_its_output(monkeypatch):
+    """A loss that is not finite at the second of three steps fails the method, though the last is finite."""
+    monkeypatch.setattr(gpu_items, "trainer_run", lambda cfg, data, dev, method: Replayed(nan_at=2))
+    cfg = config.load("table1", preset="smoke")
+    steps, _ = gpu_items.method_steps(cfg, torch.device("cpu"), ("none",), batch_size=2)
+    assert not steps.passed and "failing: none" in steps.line

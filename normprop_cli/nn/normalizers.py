@@ -94,28 +94,44 @@ class BatchRenorm2d(nn.BatchNorm2d):
             )
         self.rmax, self.dmax = float(rmax), float(dmax)
         self.warmup_steps, self.rmax_steps, self.dmax_steps = int(warmup_steps), int(rmax_steps), int(dmax_steps)
+        # The limits' ramps as a [6, 2] table, columns (rmax, dmax), rows: the step the ramp starts from, its
+        # length in steps, the limit's start and its rise; then the exponent and the sign that make the lower
+        # bounds 1 / rmax and -dmax. A float64 buffer (not saved: the constructor's arguments make it), so that
+        # the limits take a few operators on the module's device, no host copy, and the arguments' own values.
+        # A ramp of no length is a step at warmup_steps: from warmup_steps - 1 over one step, 0 before it, 1 on.
+        rows = []
+        for start, final, until, power, sign in (
+            (1.0, self.rmax, self.rmax_steps, -1.0, 1.0),  # r in [1 / rmax, rmax]
+            (0.0, self.dmax, self.dmax_steps, 1.0, -1.0),  # d in [-dmax, dmax]
+        ):
+            span = until - self.warmup_steps
+            first, length = (self.warmup_steps, span) if span > 0 else (self.warmup_steps - 1, 1)
+            rows.append((first, length, start, final - start, power, sign))
+        self.register_buffer("_ramps", torch.tensor(rows, dtype=torch.float64).T.contiguous(), persistent=False)
 
     def limits(self) -> tuple[Tensor, Tensor]:
         """(rmax, dmax) at the current step, as tensors on the module's device (no host read-back,
         so the step can be captured in a CUDA graph)."""
-        t = self.num_batches_tracked.to(self.running_var.dtype)
+        upper = self._bounds()[0]
+        return upper[0], upper[1]
 
-        def ramp(final: float, start: float, until: int) -> Tensor:
-            if until <= self.warmup_steps:
-                return torch.where(t < self.warmup_steps, start, final)
-            share = ((t - self.warmup_steps) / (until - self.warmup_steps)).clamp(0.0, 1.0)
-            return start + (final - start) * share
-
-        return ramp(self.rmax, 1.0, self.rmax_steps), ramp(self.dmax, 0.0, self.dmax_steps)
+    def _bounds(self) -> Tensor:
+        """[[rmax, dmax], [1 / rmax, -dmax]] at the current step, [2, 2], in the running estimates' dtype,
+        from `_ramps` in float64: the share of each ramp done, clamp((t - from) / length, 0, 1), gives
+        start + rise x share; the lower bounds are the upper ones to the power (-1, 1) times (1, -1)."""
+        ramps = self._ramps
+        upper = ramps[2] + ramps[3] * ((self.num_batches_tracked - ramps[0]) / ramps[1]).clamp_(0.0, 1.0)
+        return torch.stack((upper, upper.pow(ramps[4]) * ramps[5])).to(self.running_var.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training:
             return super().forward(x)
-        rmax, dmax = self.limits()
-        with torch.autocast(x.device.type, enabled=False):
-            xs = x.to(torch.promote_types(x.dtype, self.running_mean.dtype))  # bf16 autocast: statistics in float32
-            y = _BatchRenormFn.apply(xs, self.weight, self.bias, self, rmax, dmax)
-        return y.to(x.dtype)
+        bounds = self._bounds()
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                xs = x.to(torch.promote_types(x.dtype, self.running_mean.dtype))  # bf16 autocast: statistics in float32
+                return _BatchRenormFn.apply(xs, self.weight, self.bias, self, bounds).to(x.dtype)
+        return _BatchRenormFn.apply(x, self.weight, self.bias, self, bounds)
 
     def _update_running(self, mean: Tensor, var: Tensor, n: int) -> None:
         """As nn.BatchNorm2d: exponential average (cumulative where momentum is None) of the batch
@@ -141,32 +157,35 @@ class _BatchRenormFn(torch.autograd.Function):
     two passes (var's one-pass Welford reduction is 20 times slower on the CPU), the gradient written
     out: with x_hat = (x - mu_B) / sigma_B and r, d constants, y = w (r x_hat + d) + b gives
         g_x = (w r / sigma_B) (g - mean(g) - x_hat mean(g x_hat)),  g_w = sum(g (r x_hat + d)),  g_b = sum(g)
-    (means and sums over N, H, W), from the centred x, as exact as the autograd graph it replaces."""
+    (means and sums over N, H, W), from the centred x, as exact as the autograd graph it replaces. The
+    per-channel arithmetic around the passes is kept to few operators (r and d clipped together, views
+    rather than indexing): at batch 1 a step's time is mostly operator calls."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, m: BatchRenorm2d, rmax: Tensor, dmax: Tensor):
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, m: BatchRenorm2d, bounds: Tensor):
         dims = (0, 2, 3)
         mean = x.mean(dims)
-        centred = x - mean[None, :, None, None]
+        centred = x - mean.view(1, -1, 1, 1)
         var = centred.square().mean(dims)
-        std = (var + m.eps).sqrt()
-        running_std = (m.running_var + m.eps).sqrt()
-        r = torch.minimum(torch.maximum(std / running_std, 1.0 / rmax), rmax)
-        d = torch.minimum(torch.maximum((mean - m.running_mean) / running_std, -dmax), dmax)
+        std = torch.add(var, m.eps).sqrt_()
+        # r = clip(sigma_B / sigma, 1 / rmax, rmax) and d = clip((mu_B - mu) / sigma, -dmax, dmax) as rows of one [2, C]
+        rd = torch.stack((std, mean - m.running_mean)).div_(torch.add(m.running_var, m.eps).sqrt_())
+        r, d = rd.clamp_(bounds[1, :, None], bounds[0, :, None])
         m._update_running(mean, var, x.numel() // x.shape[1])
-        scale = weight * r / std
+        scale = torch.mul(weight, r).div_(std)
         ctx.save_for_backward(centred, std, r, d, scale)
-        return torch.addcmul((bias + weight * d)[None, :, None, None], centred, scale[None, :, None, None])
+        return torch.addcmul(torch.addcmul(bias, weight, d).view(1, -1, 1, 1), centred, scale.view(1, -1, 1, 1))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         centred, std, r, d, scale = ctx.saved_tensors
-        count = grad.numel() // grad.shape[1]
-        g_sum = grad.sum((0, 2, 3))
-        g_xhat = (grad * centred).sum((0, 2, 3)) / std  # sum(g x_hat)
-        gx = torch.addcmul((-scale * g_sum / count)[None, :, None, None], grad, scale[None, :, None, None])
-        gx.addcmul_(centred, (-scale * g_xhat / (count * std))[None, :, None, None])
-        return gx, r * g_xhat + d * g_sum, g_sum, None, None, None
+        dims = (0, 2, 3)
+        g_sum = grad.sum(dims)
+        g_xhat = (grad * centred).sum(dims).div_(std)  # sum(g x_hat)
+        k = scale / -(grad.numel() // grad.shape[1])  # -scale / count
+        gx = torch.addcmul((k * g_sum).view(1, -1, 1, 1), grad, scale.view(1, -1, 1, 1))
+        gx.addcmul_(centred, (k * g_xhat).div_(std).view(1, -1, 1, 1))
+        return gx, torch.addcmul(r * g_xhat, d, g_sum), g_sum, None, None
 
 
 def groups_for(channels: int, width: float) -> int:

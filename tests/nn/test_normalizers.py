@@ -102,6 +102,24 @@ def test_batchrenorm_limits_warm_up_then_relax_linearly():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batchrenorm_limits_are_the_arguments_own_values_in_the_estimates_dtype(dtype):
+    """The ramps are kept in float64 whatever the module's dtype: before and after the ramps the limits are rmax
+    and dmax as given, rounded once to the running estimates' dtype (3.3 is not a float32), the lower bounds
+    1 / rmax and -dmax; and the table is no part of the state dict, so checkpoints keep BatchNorm's keys."""
+    brn = BatchRenorm2d(2, rmax=3.3, dmax=0.7, warmup_steps=4, rmax_steps=14, dmax_steps=9).to(dtype)
+    at = {0: (1.0, 0.0), 4: (1.0, 0.0), 9: (1.0 + 2.3 * 0.5, 0.7), 14: (3.3, 0.7), 99: (3.3, 0.7)}
+    for t, (rmax, dmax) in at.items():
+        brn.num_batches_tracked.fill_(t)
+        bounds = brn._bounds()
+        assert bounds.dtype == dtype
+        expect = torch.tensor([[rmax, dmax], [1 / rmax, -dmax]], dtype=torch.float64).to(dtype)
+        ulp = 0.0 if t in (0, 4, 14, 99) else torch.finfo(dtype).eps  # mid-ramp: one rounding apart at most
+        torch.testing.assert_close(bounds, expect, rtol=ulp, atol=0)
+        assert [float(v) for v in brn.limits()] == bounds[0].tolist()
+    assert set(brn.state_dict()) == set(nn.BatchNorm2d(2).state_dict())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("momentum", [0.1, 0.01, 0.7])
 def test_batchrenorm_momentum_is_a_python_float_with_the_former_numbers(monkeypatch, dtype, momentum):
     """The running estimates' momentum is used as a Python float: no tensor is made from it in a step (a

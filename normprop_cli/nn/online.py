@@ -54,8 +54,12 @@ from .normalizers import activation_module, glorot_conv, groups_for
 def _recurrence(a: float, start: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
     """s_t = a s_{t-1} + u_t over t = 0..N-1 from s_{-1} = `start` [C], u = `inputs` [N, C], in closed
     form: (s_{t-1} for every t [N, C], s_{N-1} [C]). With powers of a < 1 only, it stays exact in
-    floating point where a loop over the batch costs an operator call per sample."""
+    floating point where a loop over the batch costs an operator call per sample. One sample (batch 1):
+    (start, a start + u_0) in three operators, the closed form's numbers (a^0 = 1, a^1 = a), s_{-1} a copy
+    (callers overwrite `start`, a buffer, with s_{N-1})."""
     n = inputs.shape[0]
+    if n == 1:
+        return start[None].clone(), start * a + inputs[0]
     t = torch.arange(n + 1, device=inputs.device, dtype=inputs.dtype)
     lag = t[:, None] - 1 - t[None, :n]  # [N + 1, N]: t - 1 - k
     weights = torch.where(lag >= 0, a ** lag.clamp_min(0), torch.zeros((), dtype=inputs.dtype, device=inputs.device))
@@ -69,8 +73,11 @@ def _linear_scan(coef: Tensor, inputs: Tensor, start: Tensor) -> tuple[Tensor, T
     A doubling (Hillis-Steele) scan of the affine maps s -> c s + u: after the step of offset d, (c_t, u_t)
     is the map from s_{t-2d} to s_t, composed from those at t and t - d; the map at 0 takes in the start,
     (c_0, u_0) -> (0, c_0 s_{-1} + u_0), so a map that reaches back to it is (0, s_t), and after ceil(log2 N)
-    steps all do. Products and sums only, no division: any c_t, 0 or negative."""
+    steps all do. Products and sums only, no division: any c_t, 0 or negative. One sample: the map at 0 alone
+    (s_{-1} a copy, as `_recurrence`'s)."""
     n = inputs.shape[0]
+    if n == 1:
+        return start[None].clone(), torch.addcmul(inputs[0], coef[0], start)
     c = torch.cat([torch.zeros_like(coef[:1]), coef[1:]])
     u = torch.cat([torch.addcmul(inputs[:1], coef[:1], start[None]), inputs[1:]])
     d = 1

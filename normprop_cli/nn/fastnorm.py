@@ -33,7 +33,7 @@ HW = (2, 3)
 
 def _nc(t: Tensor) -> Tensor:
     """[N, C] -> [N, C, 1, 1]; [C] -> [1, C, 1, 1]."""
-    return t[:, :, None, None] if t.ndim == 2 else t[None, :, None, None]
+    return t.view(*t.shape, 1, 1) if t.ndim == 2 else t.view(1, -1, 1, 1)  # one view, not four index operators
 
 
 def wide(x: Tensor) -> Tensor:

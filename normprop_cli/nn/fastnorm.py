@@ -129,13 +129,13 @@ class _EvoNormS0Fn(torch.autograd.Function):
         gw = (p / sd_c).sum(0)
         gu_sig = torch.mul(grad, _nc(weight / sd_c), out=buf).mul_(sig)  # g_u sig(v x), over g u
         xw1 = torch.rsub(sig, 1).mul_(gu_sig).mul_(x)  # d(x sigmoid(v x))/dv = x^2 sig (1 - sig)
-        gv = (xw1 * x).sum((0, 2, 3))
         # through sd: g_sd [N, G] = -sum_{c in G} p w / sd^2; g_x += g_sd (x - mean_G) / (M sd)
         g_sd = -(p * weight).view(n, groups, per).sum(2) / sd.square()
         beta = (g_sd / (m * sd)).repeat_interleave(per, 1)
         shift = -(beta * mean.repeat_interleave(per, 1))
         gx = gu_sig.addcmul_(xw1, _nc(v))  # d(x sig(v x))/dx = sig + v x sig (1 - sig), over g_u sig
         gx.addcmul_(x, _nc(beta)).add_(_nc(shift))
+        gv = xw1.mul_(x).sum((0, 2, 3))  # over xw1, which gx no longer needs
         return gx, gw, gb, gv, None, None
 
 

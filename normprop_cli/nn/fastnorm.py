@@ -31,7 +31,7 @@ from torch import Tensor, nn
 HW = (2, 3)
 
 
-def _nc(t: Tensor) -> Tensor:
+def per_channel(t: Tensor) -> Tensor:
     """[N, C] -> [N, C, 1, 1]; [C] -> [1, C, 1, 1]."""
     return t.view(*t.shape, 1, 1) if t.ndim == 2 else t.view(1, -1, 1, 1)  # one view, not four index operators
 
@@ -44,16 +44,17 @@ def wide(x: Tensor) -> Tensor:
 def _frn(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(z = w x s + b, s = (mean_HW(x^2) + eps)^(-1/2) [N, C])."""
     s = (x.square().mean(HW) + eps).rsqrt()
-    return torch.addcmul(_nc(bias), x, _nc(weight * s)), s
+    return torch.addcmul(per_channel(bias), x, per_channel(weight * s)), s
 
 
 class _FrnTluFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, tau: Tensor, eps: float) -> Tensor:
         z, s = _frn(x, weight, bias, eps)
-        share = torch.sub(z, _nc(tau)).sign_().add_(1).mul_(0.5)  # z's share of max(z, tau)'s gradient: 1, 1/2 or 0
+        # z's share of max(z, tau)'s gradient: 1, 1/2 or 0
+        share = torch.sub(z, per_channel(tau)).sign_().add_(1).mul_(0.5)
         ctx.save_for_backward(x, s, weight, share)
-        return z.clamp_(min=_nc(tau))  # max(z, tau), over z (nothing else holds it)
+        return z.clamp_(min=per_channel(tau))  # max(z, tau), over z (nothing else holds it)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -64,7 +65,8 @@ class _FrnTluFn(torch.autograd.Function):
         p = (gz * x).sum(HW)  # [N, C]: sum_HW(g_z x)
         gw = (p * s).sum(0)
         n = x.shape[2] * x.shape[3]
-        gx = gz.mul_(_nc(weight * s)).addcmul_(x, _nc(-weight * s.pow(3) * p / n))  # over g_z, this backward's own
+        # over g_z, this backward's own
+        gx = gz.mul_(per_channel(weight * s)).addcmul_(x, per_channel(-weight * s.pow(3) * p / n))
         return gx, gw, gb, gtau, None
 
 
@@ -83,7 +85,7 @@ class FilterResponseNormTlu2d(nn.Module):
             if torch.is_grad_enabled():
                 y = _FrnTluFn.apply(wide(x), self.weight, self.bias, self.tau, self.eps)
             else:  # no backward (evaluation): max(z, tau) without the passes that save its gradient's split
-                y = torch.maximum(_frn(wide(x), self.weight, self.bias, self.eps)[0], _nc(self.tau))
+                y = torch.maximum(_frn(wide(x), self.weight, self.bias, self.eps)[0], per_channel(self.tau))
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -96,7 +98,7 @@ def group_stats(x: Tensor, groups: int, eps: float) -> tuple[Tensor, Tensor]:
     over H, W is 20 times slower on the CPU); the group's is the mean of its channels' variances plus
     the variance of their means (equal counts per channel)."""
     mean_c = x.mean(HW)  # [N, C]
-    var_c = (x - _nc(mean_c)).square_().mean(HW)
+    var_c = (x - per_channel(mean_c)).square_().mean(HW)
     n = x.shape[0]
     mean_c, var_c = mean_c.view(n, groups, -1), var_c.view(n, groups, -1)
     mean = mean_c.mean(2)
@@ -110,11 +112,11 @@ class _EvoNormS0Fn(torch.autograd.Function):
         mean, sd = group_stats(x, groups, eps)
         per = x.shape[1] // groups
         sd_c = sd.repeat_interleave(per, 1)  # [N, C]
-        sig = torch.mul(x, _nc(v)).sigmoid_()
+        sig = torch.mul(x, per_channel(v)).sigmoid_()
         u = x * sig
         ctx.save_for_backward(x, sig, u, weight, v, mean, sd)
         ctx.groups = groups
-        return torch.addcmul(_nc(bias), u, _nc(weight / sd_c))
+        return torch.addcmul(per_channel(bias), u, per_channel(weight / sd_c))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -127,14 +129,14 @@ class _EvoNormS0Fn(torch.autograd.Function):
         buf = grad * u
         p = buf.sum(HW)  # [N, C]
         gw = (p / sd_c).sum(0)
-        gu_sig = torch.mul(grad, _nc(weight / sd_c), out=buf).mul_(sig)  # g_u sig(v x), over g u
+        gu_sig = torch.mul(grad, per_channel(weight / sd_c), out=buf).mul_(sig)  # g_u sig(v x), over g u
         xw1 = torch.rsub(sig, 1).mul_(gu_sig).mul_(x)  # d(x sigmoid(v x))/dv = x^2 sig (1 - sig)
         # through sd: g_sd [N, G] = -sum_{c in G} p w / sd^2; g_x += g_sd (x - mean_G) / (M sd)
         g_sd = -(p * weight).view(n, groups, per).sum(2) / sd.square()
         beta = (g_sd / (m * sd)).repeat_interleave(per, 1)
         shift = -(beta * mean.repeat_interleave(per, 1))
-        gx = gu_sig.addcmul_(xw1, _nc(v))  # d(x sig(v x))/dx = sig + v x sig (1 - sig), over g_u sig
-        gx.addcmul_(x, _nc(beta)).add_(_nc(shift))
+        gx = gu_sig.addcmul_(xw1, per_channel(v))  # d(x sig(v x))/dx = sig + v x sig (1 - sig), over g_u sig
+        gx.addcmul_(x, per_channel(beta)).add_(per_channel(shift))
         gv = xw1.mul_(x).sum((0, 2, 3))  # over xw1, which gx no longer needs
         return gx, gw, gb, gv, None, None
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from .fastnorm import FilterResponseNormTlu2d, per_channel  # FRN: timm's, its gradient written out
 from .methods import register_method
 from .stats import ACTIVATIONS, activation_stats
 
@@ -165,7 +166,7 @@ class _BatchRenormFn(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, m: BatchRenorm2d, bounds: Tensor):
         dims = (0, 2, 3)
         mean = x.mean(dims)
-        centred = x - mean.view(1, -1, 1, 1)
+        centred = x - per_channel(mean)
         var = centred.square().mean(dims)
         std = torch.add(var, m.eps).sqrt_()
         # r = clip(sigma_B / sigma, 1 / rmax, rmax) and d = clip((mu_B - mu) / sigma, -dmax, dmax) as rows of one [2, C]
@@ -174,7 +175,7 @@ class _BatchRenormFn(torch.autograd.Function):
         m._update_running(mean, var, x.numel() // x.shape[1])
         scale = torch.mul(weight, r).div_(std)
         ctx.save_for_backward(centred, std, r, d, scale)
-        return torch.addcmul(torch.addcmul(bias, weight, d).view(1, -1, 1, 1), centred, scale.view(1, -1, 1, 1))
+        return torch.addcmul(per_channel(torch.addcmul(bias, weight, d)), centred, per_channel(scale))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -183,8 +184,8 @@ class _BatchRenormFn(torch.autograd.Function):
         g_sum = grad.sum(dims)
         g_xhat = (grad * centred).sum(dims).div_(std)  # sum(g x_hat)
         k = scale / -(grad.numel() // grad.shape[1])  # -scale / count
-        gx = torch.addcmul((k * g_sum).view(1, -1, 1, 1), grad, scale.view(1, -1, 1, 1))
-        gx.addcmul_(centred, (k * g_xhat).div_(std).view(1, -1, 1, 1))
+        gx = torch.addcmul(per_channel(k * g_sum), grad, per_channel(scale))
+        gx.addcmul_(centred, per_channel((k * g_xhat).div_(std)))
         return gx, torch.addcmul(r * g_xhat, d, g_sum), g_sum, None, None
 
 
@@ -346,8 +347,6 @@ def scaledws_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
 
 
 def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    from .fastnorm import FilterResponseNormTlu2d  # timm's, with its gradient written out (fewer passes)
-
     if activation != "relu":
         raise ValueError(
             f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fastnorm import EvoNorm2dS0, _nc, wide
+from .fastnorm import EvoNorm2dS0, per_channel, wide
 from .methods import register_method
 from .normalizers import activation_module, glorot_conv, groups_for
 
@@ -104,7 +104,7 @@ class _OnlineNormFn(torch.autograd.Function):
         a, hw = norm.alpha_fwd, x.shape[2] * x.shape[3]
         mean = x.sum((2, 3)) / hw  # [N, C]; the variance in two passes: CPU var_mean over (2, 3) is ~14x slower
         # (x - mean)^2 in one fused op (bitwise (x - mean).square_()), x's memory format; out is written over it
-        buf = F.mse_loss(x, _nc(mean).expand_as(x), reduction="none")
+        buf = F.mse_loss(x, per_channel(mean).expand_as(x), reduction="none")
         var = buf.sum((2, 3)) / hw
         mu_prev, mu = _recurrence(a, norm.running_mean, (1 - a) * mean)
         centred = mean - mu_prev
@@ -123,7 +123,7 @@ class _OnlineNormFn(torch.autograd.Function):
             z_sq = ((scale * scale) * var + (w * y_mean + b) ** 2).mean(1, keepdim=True)
             s = (z_sq + norm.eps).rsqrt()  # [N, 1]
             scale, shift = scale * s, shift * s
-        out = torch.addcmul(_nc(shift), x, _nc(scale), out=buf)
+        out = torch.addcmul(per_channel(shift), x, per_channel(scale), out=buf)
         ctx.save_for_backward(x, mu_prev, inv, y_mean, y_sq, s, weight, bias)
         ctx.norm = norm
         return out
@@ -160,8 +160,8 @@ class _OnlineNormFn(torch.autograd.Function):
         coef_g = inv * w if s is None else inv * w * s
         coef_x = (inv * w * w * t + coef_y) * inv
         const = inv * w * b * t - k * e_1_prev - coef_x * mu_prev
-        torch.addcmul(_nc(const), x, _nc(coef_x), out=out)
-        return out.addcmul_(grad, _nc(coef_g)), None, dw, db, None
+        torch.addcmul(per_channel(const), x, per_channel(coef_x), out=out)
+        return out.addcmul_(grad, per_channel(coef_g)), None, dw, db, None
 
 
 class OnlineNorm2d(nn.Module):

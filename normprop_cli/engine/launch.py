@@ -43,7 +43,7 @@ class RunTask(submitit.helpers.Checkpointable):
         self.observers, self.threads, self.device = observers, threads, device
 
     def __call__(self, run: dict) -> tuple[dict, dict | None]:
-        return parallel.train_in_worker(run, self.device, self.threads, self.observers)
+        return parallel.train_in_worker([(run, self.observers)], self.device, self.threads)[0]
 
 
 def status_command(cfg: DictConfig) -> str:

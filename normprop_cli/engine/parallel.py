@@ -62,26 +62,31 @@ _data: dict = {}  # a worker's data sets, each loaded once per process
 DATA_KEPT = 2  # data sets a worker keeps: reproduce-all's experiments alternate between two (engine.pool)
 
 
-def train_in_worker(
-    run: dict, device: str | None, threads: int | None, observers: Observers
-) -> tuple[dict, dict | None]:
-    """Train one run (a `plain` config) in this process; return its manifest and last epoch's row."""
+def train_in_worker(runs: list[tuple[dict, Observers]], device: str | None, threads: int | None) -> list[tuple]:
+    """Train runs (`plain` configs with their observers) in this process; each one's (manifest, last
+    epoch's row). One run trains as `normprop run` would; several are one trajectory (engine.pool): the
+    first, which has the most epochs, trains and the others ride along it (trainer.train_together)."""
     from normprop_cli.engine.job import load_data, train_one
+    from normprop_cli.engine.trainer import Rider, train_together
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = OmegaConf.create(run)
-    device = devices.resolve(device or cfg.device)
-    devices.prepare(device, bool(cfg.get("deterministic", False)))
-    key = (repr(run["dataset"]), str(cfg.data_dir), str(device))
+    cfgs = [OmegaConf.create(run) for run, _ in runs]
+    device = devices.resolve(device or cfgs[0].device)
+    devices.prepare(device, bool(cfgs[0].get("deterministic", False)))
+    key = (repr(runs[0][0]["dataset"]), str(cfgs[0].data_dir), str(device))
     if key not in _data:
         while len(_data) >= DATA_KEPT:  # the oldest goes (dicts keep their insertion order)
             _data.pop(next(iter(_data)))
-        _data[key] = load_data(cfg, device)
-    spec = RunSpec(name=cfg.run.name, setting=cfg.run.setting, seed=int(cfg.seed), cfg=cfg)
-    last = LastEpoch()
-    manifest = train_one(spec, _data[key], device, last, observers(spec))
-    return manifest, last.row
+        _data[key] = load_data(cfgs[0], device)
+    specs = [RunSpec(name=c.run.name, setting=c.run.setting, seed=int(c.seed), cfg=c) for c in cfgs]
+    lasts = [LastEpoch() for _ in specs]
+    watch = [observers(spec) for spec, (_, observers) in zip(specs, runs, strict=True)]
+    if len(specs) == 1:
+        return [(train_one(specs[0], _data[key], device, lasts[0], watch[0]), lasts[0].row)]
+    riders = [Rider(s, w, last) for s, w, last in zip(specs[1:], watch[1:], lasts[1:], strict=True)]
+    manifests = train_together(specs[0], _data[key], device, lasts[0], watch[0], riders)
+    return [(m, last.row) for m, last in zip(manifests, lasts, strict=True)]
 
 
 def report(progress: QuietProgress, spec: RunSpec, manifest: dict, last: dict | None) -> None:
@@ -110,7 +115,7 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
     tasks, results = ctx.Queue(), ctx.Queue()
     threads, pickled = worker_threads(n), cloudpickle.dumps(observers)
     for spec in todo:
-        tasks.put((plain(spec), threads, pickled))
+        tasks.put(([(plain(spec), pickled)], threads))
     for _ in range(n):
         tasks.put(None)  # one stop sign per worker, after every run
     workers = [
@@ -124,7 +129,7 @@ def run_pool(cfg: DictConfig, todo: Sequence[RunSpec], observers: Observers, pro
         for kind, k, name, payload in _messages(results, workers):
             if kind == "done":
                 done.add(name)
-                report(progress, specs[name], *payload)
+                report(progress, specs[name], *payload[0])
             elif kind == "error":
                 raise UserError(payload)
             elif kind == "crash":
@@ -171,15 +176,19 @@ def _interrupt(signum, frame):
 
 
 def serve(k: int, device: str, tasks, results) -> None:
-    """A worker process (this module's pool, and engine.pool's): train each run it takes from `tasks`,
-    (plain config, threads, pickled observers), until it takes a stop sign (None) or a run fails."""
+    """A worker process (this module's pool, and engine.pool's): train each assignment it takes from
+    `tasks`, ([(plain config, pickled observers), ...], threads): one run, or the runs of one trajectory
+    trained together (engine.pool), until it takes a stop sign (None) or a run fails. It answers each
+    assignment with one message (kind, k, first run's name, payload): "done" with [(manifest, last
+    epoch's row)] in the runs' order, "error" with the one-line error, "crash" with the traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        for run, threads, observers in iter(tasks.get, None):
-            name = run["run"]["name"]
+        for runs, threads in iter(tasks.get, None):
+            name = runs[0][0]["run"]["name"]
             try:
-                results.put(("done", k, name, train_in_worker(run, device, threads, cloudpickle.loads(observers))))
+                loaded = [(run, cloudpickle.loads(observers)) for run, observers in runs]
+                results.put(("done", k, name, train_in_worker(loaded, device, threads)))
             except UserError as exc:
                 results.put(("error", k, name, str(exc)))
                 return

@@ -34,7 +34,7 @@ from normprop_cli import device as devices
 from normprop_cli.engine.cost import run_cost
 from normprop_cli.engine.parallel import Observers, plain, report, serve, stop_unfinished, worker_threads
 from normprop_cli.engine.progress import QuietProgress
-from normprop_cli.engine.runs import RunSpec, say
+from normprop_cli.engine.runs import RunSpec, say, trajectory
 from normprop_cli.errors import UserError
 
 TURN = threading.Lock()  # held by the experiment thread whose own code runs (module docstring)
@@ -52,6 +52,7 @@ class Task:
     spec: RunSpec = field(compare=False)
     threads: int = field(compare=False)
     observers: bytes = field(compare=False)
+    trajectory: str | None = field(compare=False, default=None)  # runs.trajectory: None trains alone
 
 
 def weight(spec: RunSpec) -> float:
@@ -83,7 +84,7 @@ class Pool:
         ]
         self.mutex = threading.Lock()
         self.waiting: list[Task] = []  # a heap, by priority
-        self.running: dict[int, Task] = {}  # worker -> its task
+        self.running: dict[int, list[Task]] = {}  # worker -> its tasks: one run, or one trajectory's (_together)
         self.idle = list(range(workers))
         self.dead: set[int] = set()
         self.mailboxes: dict[int, queue.Queue] = {}
@@ -103,6 +104,7 @@ class Pool:
         """Queue `todo`'s runs; the mailbox that gets one message per run: (kind, name, payload)."""
         pickled = cloudpickle.dumps(observers)
         ranks = [priority(spec) for spec in todo]  # reads manifests: before the router's lock
+        keys = [trajectory(spec, threads) for spec in todo]
         with self.mutex:
             if self.closed:
                 raise Closed(self.closed)
@@ -110,8 +112,8 @@ class Pool:
                 self._start()
             batch, box = next(self.count), queue.Queue()
             self.mailboxes[batch] = box
-            for spec, rank in zip(todo, ranks, strict=True):
-                task = Task(rank, next(self.count), batch, spec, threads, pickled)
+            for spec, rank, key in zip(todo, ranks, keys, strict=True):
+                task = Task(rank, next(self.count), batch, spec, threads, pickled, key)
                 heapq.heappush(self.waiting, task)
                 self.open_tasks[(batch, spec.name)] = task
             self._dispatch()
@@ -143,14 +145,26 @@ class Pool:
 
     def _dispatch(self) -> None:  # under self.mutex
         while self.idle and self.waiting:
-            k, task = self.idle.pop(0), heapq.heappop(self.waiting)
-            self.running[k] = task
-            self.inboxes[k].put((plain(task.spec), task.threads, task.observers))
+            k, tasks = self.idle.pop(0), self._together(heapq.heappop(self.waiting))
+            self.running[k] = tasks
+            self.inboxes[k].put(([(plain(t.spec), t.observers) for t in tasks], tasks[0].threads))
         if not self.waiting or len(self.dead) < len(self.procs):
             return
         while self.waiting:  # no worker left to train them
             task = heapq.heappop(self.waiting)
             self._answer(task, ("dead", task.spec.name, None))
+
+    def _together(self, task: Task) -> list[Task]:  # under self.mutex
+        """`task` and every waiting task of its trajectory (another experiment's run of the same config,
+        seed and threads, with its own epochs and observers), the one with the most epochs first: one
+        worker trains that one, and the others ride along it (trainer.train_together)."""
+        if task.trajectory is None:
+            return [task]
+        same = [t for t in self.waiting if t.trajectory == task.trajectory]
+        if same:
+            self.waiting = [t for t in self.waiting if t.trajectory != task.trajectory]
+            heapq.heapify(self.waiting)
+        return sorted([task, *same], key=lambda t: -int(t.spec.cfg.train.epochs))
 
     def _answer(self, task: Task, message: tuple) -> None:  # under self.mutex
         self.open_tasks.pop((task.batch, task.spec.name), None)
@@ -176,16 +190,21 @@ class Pool:
                 if self.closed:
                     return
                 if kind is not None:
-                    task = self.running.pop(k)
+                    tasks = self.running.pop(k)
                     self.idle.append(k)
-                    self._answer(task, (kind, name, payload))
+                    if kind == "done":  # payload: each run's (manifest, last row), in the tasks' order
+                        for task, result in zip(tasks, payload, strict=True):
+                            self._answer(task, (kind, task.spec.name, result))
+                    else:  # an error or a crash answers every run of the assignment
+                        for task in tasks:
+                            self._answer(task, (kind, name, payload))
                 for k, p in enumerate(self.procs):
                     if k not in self.dead and p.exitcode not in (None, 0):
                         self.dead.add(k)
                         say(f"worker process {k} died (exit code {p.exitcode}); the others go on")
                         if k in self.idle:
                             self.idle.remove(k)
-                        if (task := self.running.pop(k, None)) is not None:
+                        for task in self.running.pop(k, []):
                             self._answer(task, ("dead", task.spec.name, p.exitcode))
                 self._dispatch()
 

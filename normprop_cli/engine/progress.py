@@ -100,9 +100,10 @@ class QuietProgress:
     def finish(self, manifest):
         last = self.last or {}
         acc = f", {accuracy(last, 2)}" if "test_acc" in last else ""
+        along = f", trained along {manifest['trained_with']}" if manifest.get("trained_with") else ""
         print(
             f"[{self.of}{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
-            f"{manifest['epochs_done']} epochs{acc}",
+            f"{manifest['epochs_done']} epochs{acc}{along}",
             file=sys.stderr,
             flush=True,
         )

@@ -295,3 +295,22 @@ def _flat(cfg) -> dict:
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     return out
+
+
+# What a run's training depends on beyond its run config: the same keys, seeds and threads give the same
+# trajectory on one machine (engine.pool trains such runs of several experiments once).
+TRAJECTORY_ASIDE = ("experiment.", "run.")
+
+
+def trajectory(spec: RunSpec, threads: int) -> str | None:
+    """A key that two runs share when they train the same trajectory, epoch for epoch, on `threads` CPU
+    threads: their run configs equal but for the experiment's own keys (what it observes and reports: the
+    trainer reads none of them), the run's name and the number of epochs (each epoch's rate and shuffle
+    depend on the epoch alone, so a shorter run is the longer one's first epochs). None for a run that
+    is not fresh (it has a manifest: it resumes or is finished) or a rate sweep's, which train alone."""
+    if spec.name.startswith("sweep-") or read_manifest(run_dir(spec.cfg, spec.name)) is not None:
+        return None
+    flat = _flat(spec.run_cfg)
+    kept = {k: v for k, v in flat.items() if not k.startswith(TRAJECTORY_ASIDE) and k != EXTENDABLE}
+    where = (str(spec.cfg.get("device")), str(spec.cfg.get("data_dir")), bool(spec.cfg.get("deterministic", False)))
+    return repr((sorted(kept.items(), key=lambda kv: kv[0]), where, threads))

@@ -9,6 +9,7 @@ error: delete the run to train it again). A run trains under its lock (engine.lo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -139,8 +140,54 @@ def train_run(
         return _train_locked(spec, path, data, device, progress, observers)
 
 
+@dataclass
+class Rider:
+    """A run that trains the same trajectory as another (runs.trajectory), for as many epochs or fewer:
+    it rides along that run's training (`train_together`) instead of training it again. It takes the
+    model at epoch 0 and after each of its epochs for its own observers, the trained run's metrics
+    rows, and, at its last epoch, its own checkpoint, tables and manifest."""
+
+    spec: RunSpec
+    observers: Sequence[Observer]
+    progress: Progress
+    path: Path = Path()
+    extra: dict[str, list[dict]] | None = None
+    manifest: dict | None = None
+
+
+def train_together(
+    spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer],
+    riders: Sequence[Rider],
+) -> list[dict]:  # fmt: skip
+    """Train `spec` with `riders` along (Rider), all of them fresh runs of its trajectory with no more epochs
+    than it; their manifests, spec's first. Where a rider is no longer fresh when its lock is taken (another
+    process trained it meanwhile), every run trains on its own, one after another."""
+    if any(int(r.spec.cfg.train.epochs) > int(spec.cfg.train.epochs) for r in riders):
+        raise ValueError(f"a rider of run {spec.name} has more epochs than it")
+    paths = [run_dir(r.spec.cfg, r.spec.name) for r in riders]
+    with contextlib.ExitStack() as held:
+        for r, p in zip(riders, paths, strict=True):
+            held.enter_context(lock.hold(p, r.spec.name))
+        if all(read_manifest(p) is None for p in [run_dir(spec.cfg, spec.name), *paths]):
+            for r, p in zip(riders, paths, strict=True):
+                r.path, r.extra, r.manifest = p, {o.name: [] for o in r.observers}, None
+            path = run_dir(spec.cfg, spec.name)
+            with lock.hold(path, spec.name):
+                first = _train_locked(spec, path, data, device, progress, observers, riders)
+            return [first, *(r.manifest for r in riders)]
+    return [train_run(spec, data, device, progress, observers)] + [
+        train_run(r.spec, data, device, r.progress, r.observers) for r in riders
+    ]
+
+
 def _train_locked(
-    spec: RunSpec, path: Path, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer]
+    spec: RunSpec,
+    path: Path,
+    data: Dataset,
+    device: torch.device,
+    progress: Progress,
+    observers: Sequence[Observer],
+    riders: Sequence[Rider] = (),
 ) -> dict:
     cfg, t = spec.cfg, spec.cfg.train
     manifest = read_manifest(path)
@@ -156,7 +203,6 @@ def _train_locked(
 
     torch.manual_seed(spec.seed)
     run = make_run(cfg, data, device, observers)
-    model = run.model
     damaged = bool(manifest) and manifest.get("status") == DAMAGED
     needed = f"{MANIFEST} is damaged ({manifest['problem']}), and " if damaged else ""
     state = load_checkpoint(spec.name, path, device, needed)  # a damaged manifest needs one to rebuild from
@@ -166,13 +212,14 @@ def _train_locked(
             f"(epoch {state['epoch']} of {t.epochs})"
         )
         manifest = None
+    if riders and (state is not None or manifest):
+        raise RuntimeError(f"run {spec.name} is not fresh: no run can ride along it")
     if state is not None:
         run.load(state)
         write_tables(path, run.history, run.extra)  # those of the epoch resumed from, whatever came after
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
-        for o in observers:
-            run.extra.setdefault(o.name, []).extend(o.observe(model, probe_batches(run, data, cfg), 0))
+        _observe(run, observers, riders, data, cfg)
     manifest = (manifest or {}) | {
         "run": spec.name,
         "setting": spec.setting,
@@ -207,8 +254,8 @@ def _train_locked(
         row["epoch_seconds"] = time.perf_counter() - row.pop("_t0")
         run.history.append(row)
         run.epoch += 1
-        for o in observers:
-            run.extra.setdefault(o.name, []).extend(o.observe(model, probe_batches(run, data, cfg), run.epoch))
+        _observe(run, observers, riders, data, cfg)
+        _finish_riders(run, path, manifest, riders)
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         write_tables(path, run.history, run.extra)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
@@ -216,12 +263,82 @@ def _train_locked(
         progress.epoch(row)
     else:
         manifest["status"] = "complete"
+    _finish_riders(run, path, manifest, riders)  # those left where the run diverged
     write_tables(path, run.history, run.extra)
     manifest |= {"finished": now(), "updated": now()}
     io.write_json(path / MANIFEST, manifest)
     (path / PREVIOUS).unlink(missing_ok=True)  # kept only while the run is unfinished (module docstring)
     progress.finish(manifest)
     return manifest
+
+
+def _observe(run: Run, observers: Sequence[Observer], riders: Sequence[Rider], data: Dataset, cfg: DictConfig) -> None:
+    """The run's observers on the model at epoch `run.epoch`, then those of every rider still to finish. A
+    rider trained alone would have been observed on the state the epoch left, so where riders go along no
+    observer may change it (the model's and data normalisation's tensors, the CPU random generator): a
+    RuntimeError, the fault of that observer."""
+    pending = [r for r in riders if r.manifest is None]
+    state = _state_now(run) if pending else None
+    for name, observing, extra, run_cfg in [(cfg.run.name, observers, run.extra, cfg)] + [
+        (r.spec.name, r.observers, r.extra, r.spec.cfg) for r in pending
+    ]:
+        for o in observing:
+            extra.setdefault(o.name, []).extend(o.observe(run.model, probe_batches(run, data, run_cfg), run.epoch))
+        if state is not None and not _same_state(state, _state_now(run)):
+            raise RuntimeError(f"an observer of run {name} changed the model it observed, so no run can ride along")
+
+
+def _state_now(run: Run) -> list[torch.Tensor]:
+    tensors = [*run.model.state_dict().values(), *run.data_norm.state_dict().values(), torch.get_rng_state()]
+    return [t.detach().clone() for t in tensors]
+
+
+def _same_state(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _finish_riders(run: Run, path: Path, manifest: dict, riders: Sequence[Rider]) -> None:
+    """Write each rider whose last epoch is `run.epoch`, or, once the run has diverged, every rider not yet
+    written: its config, checkpoint, tables and manifest, as its own training would have left them (a
+    diverged rider the run's last checkpoint, from before the epoch that diverged). Its manifest names the
+    run it rode along (`trained_with`)."""
+    diverged = manifest.get("status") == "diverged"
+    for r in riders:
+        epochs = int(r.spec.cfg.train.epochs)
+        if r.manifest is not None or not (diverged or epochs == run.epoch):
+            continue
+        observed = {o.name: o.state_dict() for o in r.observers if hasattr(o, "state_dict")}
+        if not diverged:
+            state = run.state()
+        elif (path / CHECKPOINT).exists():
+            state = torch.load(path / CHECKPOINT, map_location="cpu", weights_only=True)
+        else:
+            state = None  # diverged in its first epoch: no checkpoint, as on its own
+        io.write_text(r.path / CONFIG, OmegaConf.to_yaml(r.spec.run_cfg))
+        history = [dict(row) for row in run.history]
+        if state is not None:
+            io.save_torch(r.path / CHECKPOINT, state | {"history": history, "extra": r.extra, "observers": observed})
+        write_tables(r.path, history, r.extra)
+        cfg, stamp = r.spec.cfg, now()
+        r.manifest = manifest | {
+            "run": r.spec.name,
+            "setting": r.spec.setting,
+            "experiment": cfg.experiment.name,
+            "preset": cfg.preset.name,
+            "method": cfg.get("method") or method_of(cfg.model),
+            "seed": r.spec.seed,
+            "status": manifest["status"] if diverged else "complete",
+            "epochs": epochs,
+            "epochs_done": run.epoch,
+            "resumed_from_epoch": None,
+            "trained_with": f"{manifest['experiment']}/{manifest['run']}",
+            "finished": stamp,
+            "updated": stamp,
+        }
+        io.write_json(r.path / MANIFEST, r.manifest)
+        if history:
+            r.progress.epoch(history[-1])
+        r.progress.finish(r.manifest)
 
 
 def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:

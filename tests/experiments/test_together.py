@@ -127,3 +127,42 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
     together.run_all(configs(tmp_path, 2, *names), run, workers=2)
     for name in names:
         assert len(metrics(tmp_path, name)) == 4  # 2 settings x 2 seeds, each complete
+
+
+def test_runs_of_one_trajectory_train_once_and_write_their_own_files(tmp_path, capfd):
+    """Covariate-shift's runs (2 epochs, with probes) and table1's of the same config and seed (3 epochs):
+    a worker trains each trajectory once, the shorter run riding along (trainer.train_together); every file
+    is the one training each run alone writes, timing aside, and the rider's line and manifest say so."""
+    names = ("covariate-shift", "table1")
+
+    def cfgs(results, jobs):
+        return [
+            compose(
+                name,
+                "smoke",
+                None,
+                [f"jobs={jobs}", "seeds=2", f"train.epochs={epochs}", "train.data_norm=global", GRID],
+                results_dir=results,
+                quiet=True,
+            )  # fmt: skip
+            for name, epochs in zip(names, (2, 3), strict=True)
+        ]
+
+    said, run = record()
+    together.run_all(cfgs(tmp_path / "together", 2), run, workers=2)
+    along = [line for line in capfd.readouterr().err.splitlines() if "trained along table1/" in line]
+    assert along and all(line.startswith("[covariate-shift ") for line in along)
+    for cfg in cfgs(tmp_path / "sequential", 1):
+        EXPERIMENTS[cfg.experiment.name].run(cfg)
+    for name in names:
+        runs = sorted((tmp_path / "sequential" / name / "synthetic" / "runs").iterdir())
+        assert runs
+        for alone in runs:
+            shared = tmp_path / "together" / alone.relative_to(tmp_path / "sequential")
+            tables = sorted(f.name for f in alone.glob("*.csv"))
+            assert tables == sorted(f.name for f in shared.glob("*.csv"))
+            for table in tables:
+                a, b = (pd.read_csv(d / table).drop(columns=TIMING, errors="ignore") for d in (alone, shared))
+                pd.testing.assert_frame_equal(a, b, check_exact=True)
+    riders = list((tmp_path / "together").glob("covariate-shift/*/runs/*/manifest.json"))
+    assert sum('"trained_with": "table1/' in m.read_text() for m in riders) == len(along)

@@ -57,3 +57,22 @@ def test_the_committed_reports_say_which_verdicts_share_runs_and_never_that_they
         text = report.read_text()
         assert "rest on independent runs" not in text
         assert "**Runs shared between experiments.**" in text
+
+
+def test_runs_trained_once_are_said_so_from_their_manifests(tmp_path):
+    """A run that rode along another's training (engine.trainer.Rider) names it in its manifest; so do two riders
+    of one training, which were trained once too."""
+    fake_run(tmp_path, "covariate-shift", "normprop-s0", 0, [0.9, 0.5, 0.4])
+    fake_run(tmp_path, "activations", "normprop-relu-s0", 0, [0.9, 0.5])
+    fake_run(tmp_path, "drift", "normprop-s0", 0, [0.9, 0.5])
+    fake_run(tmp_path, "table1", "normprop-s1", 1, [0.7])
+    fake_run(tmp_path, "convergence", "normprop-s1", 1, [0.7])  # the same trajectory, trained twice
+    for experiment, run in (("activations", "normprop-relu-s0"), ("drift", "normprop-s0")):
+        manifest = tmp_path / experiment / "synthetic" / "runs" / run / "manifest.json"
+        manifest.write_text(json.dumps({"seed": 0, "trained_with": "covariate-shift/normprop-s0"}))
+    found = {(s.a, s.b): s.once for s in shared_runs(tmp_path, EXPERIMENTS)}
+    assert found == {("activations", "covariate-shift"): 1, ("activations", "drift"): 1,
+                     ("covariate-shift", "drift"): 1, ("convergence", "table1"): 0}  # fmt: skip
+    text = "\n".join(statement([("quick", tmp_path)], EXPERIMENTS, verdicts.claims()))
+    assert "activations and drift: 1 run identical through epoch 2, 1 of them trained once" in text
+    assert "convergence and table1: 1 run identical through epoch 1 (e.g." in text

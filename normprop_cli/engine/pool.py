@@ -13,6 +13,11 @@ reported runs wait on their choice; then the costliest (engine.cost's steps and 
 NIN's width), so that the last runs to finish are short ones. The order changes nothing in a run:
 each one is deterministic from its seed and its worker's thread count, which its own experiment's
 `jobs` sets as in engine.parallel.
+
+With it the worker takes every waiting run of the same trajectory (runs.trajectory: another
+experiment's run of the same config, seed and threads, but for its epochs and what it observes): it
+trains the one with the most epochs, and the others ride along it (trainer.train_together), so that no
+trajectory is trained twice. A run handed in after its trajectory's training began trains on its own.
 """
 
 from __future__ import annotations

@@ -26,13 +26,15 @@ class Shared:
     a: str
     b: str
     pairs: tuple[tuple[str, str, int], ...]  # (run of a, run of b, last epoch through which they agree)
+    once: int = 0  # pairs trained by one training, one riding along (engine.trainer.Rider: `trained_with`)
 
     def text(self) -> str:
         through = sorted({k for _, _, k in self.pairs})
         epochs = f"epoch {through[0]}" if len(through) == 1 else f"epochs {through[0]}-{through[-1]}"
         runs = "run" if len(self.pairs) == 1 else "runs"
         example = f"e.g. {_of(self.a)} {self.pairs[0][0]} = {_of(self.b)} {self.pairs[0][1]}"
-        return f"{self.a} and {self.b}: {len(self.pairs)} {runs} identical through {epochs} ({example})"
+        once = f", {self.once} of them trained once (the manifests' `trained_with`)" if self.once else ""
+        return f"{self.a} and {self.b}: {len(self.pairs)} {runs} identical through {epochs}{once} ({example})"
 
 
 def _of(name: str) -> str:
@@ -45,11 +47,21 @@ def _rows(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _seed(run: Path):
+def _manifest(run: Path) -> dict:
     try:
-        return json.loads((run / "manifest.json").read_text()).get("seed")
+        manifest = json.loads((run / "manifest.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _seed(run: Path):
+    return _manifest(run).get("seed")
+
+
+def _training(experiment: str, run: Path) -> str:
+    """The training that gave the run: the run it rode along (its manifest's `trained_with`), else its own."""
+    return _manifest(run).get("trained_with") or f"{experiment}/{run.name}"
 
 
 def trajectories(results: Path, experiments) -> dict[tuple, list[tuple[str, Path]]]:
@@ -80,6 +92,7 @@ def agree_through(a: Path, b: Path) -> int:
 def shared_runs(results: Path, experiments) -> list[Shared]:
     """Every pair of experiments of the tree that share runs, with the runs."""
     pairs: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
+    once: dict[tuple[str, str], int] = {}
     for group in trajectories(results, experiments).values():
         for i, (ea, ra) in enumerate(group):
             for eb, rb in group[i + 1 :]:
@@ -87,7 +100,8 @@ def shared_runs(results: Path, experiments) -> list[Shared]:
                     continue
                 (ea2, ra2), (eb2, rb2) = sorted([(ea, ra), (eb, rb)], key=lambda t: t[0])
                 pairs.setdefault((ea2, eb2), []).append((ra2.name, rb2.name, agree_through(ra2, rb2)))
-    return [Shared(a, b, tuple(sorted(p))) for (a, b), p in sorted(pairs.items())]
+                once[(ea2, eb2)] = once.get((ea2, eb2), 0) + (_training(ea, ra) == _training(eb, rb))
+    return [Shared(a, b, tuple(sorted(p)), once[(a, b)]) for (a, b), p in sorted(pairs.items())]
 
 
 def by_claim(found: list[Shared], claims) -> dict[str, list[str]]:

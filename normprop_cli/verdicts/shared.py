@@ -33,7 +33,7 @@ class Shared:
         epochs = f"epoch {through[0]}" if len(through) == 1 else f"epochs {through[0]}-{through[-1]}"
         runs = "run" if len(self.pairs) == 1 else "runs"
         example = f"e.g. {_of(self.a)} {self.pairs[0][0]} = {_of(self.b)} {self.pairs[0][1]}"
-        once = f", {self.once} of them trained once (the manifests' `trained_with`)" if self.once else ""
+        once = f", {self.once} of them from one training" if self.once else ""
         return f"{self.a} and {self.b}: {len(self.pairs)} {runs} identical through {epochs}{once} ({example})"
 
 

@@ -67,7 +67,8 @@ def train_in_worker(runs: list[tuple[dict, Observers]], device: str | None, thre
     epoch's row). One run trains as `normprop run` would; several are one trajectory (engine.pool): the
     first, which has the most epochs, trains and the others ride along it (trainer.train_together)."""
     from normprop_cli.engine.job import load_data, train_one
-    from normprop_cli.engine.trainer import Rider, train_together
+    from normprop_cli.engine.riders import Rider
+    from normprop_cli.engine.trainer import train_together
 
     if threads:
         torch.set_num_threads(threads)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 
 from rich.console import Console
 from rich.progress import (
@@ -101,21 +102,25 @@ class QuietProgress:
         last = self.last or {}
         acc = f", {accuracy(last, 2)}" if "test_acc" in last else ""
         along = f", trained along {manifest['trained_with']}" if manifest.get("trained_with") else ""
-        print(
+        line(
             f"[{self.of}{self.index}/{self.total_runs}] {self.name}: {manifest['status']} after "
-            f"{manifest['epochs_done']} epochs{acc}{along}",
-            file=sys.stderr,
-            flush=True,
+            f"{manifest['epochs_done']} epochs{acc}{along}"
         )
         self.last = None
 
     def skip(self, spec, manifest):
         self.index += 1
-        print(
-            f"[{self.of}{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped",
-            file=sys.stderr,
-            flush=True,
-        )
+        line(f"[{self.of}{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped")
+
+
+_LINES = threading.Lock()  # reproduce-all's experiments say their runs' lines from several threads (engine.pool)
+
+
+def line(text: str) -> None:
+    """One whole line on stderr, never interleaved with another thread's."""
+    with _LINES:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
 
 def make_progress(total_runs: int, quiet: bool):

@@ -26,6 +26,7 @@ from normprop_cli.data import Dataset, make_data_norm, to_float
 from normprop_cli.data.augment import augment_batch, draw_augmentation
 from normprop_cli.device import describe, synchronize
 from normprop_cli.engine import lock
+from normprop_cli.engine.riders import Rider, finish, observe
 from normprop_cli.engine.runs import (
     CHECKPOINT,
     CONFIG,
@@ -140,21 +141,6 @@ def train_run(
         return _train_locked(spec, path, data, device, progress, observers)
 
 
-@dataclass
-class Rider:
-    """A run that trains the same trajectory as another (runs.trajectory), for as many epochs or fewer:
-    it rides along that run's training (`train_together`) instead of training it again. It takes the
-    model at epoch 0 and after each of its epochs for its own observers, the trained run's metrics
-    rows, and, at its last epoch, its own checkpoint, tables and manifest."""
-
-    spec: RunSpec
-    observers: Sequence[Observer]
-    progress: Progress
-    path: Path = Path()
-    extra: dict[str, list[dict]] | None = None
-    manifest: dict | None = None
-
-
 def train_together(
     spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer],
     riders: Sequence[Rider],
@@ -181,14 +167,9 @@ def train_together(
 
 
 def _train_locked(
-    spec: RunSpec,
-    path: Path,
-    data: Dataset,
-    device: torch.device,
-    progress: Progress,
-    observers: Sequence[Observer],
+    spec: RunSpec, path: Path, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer],
     riders: Sequence[Rider] = (),
-) -> dict:
+) -> dict:  # fmt: skip
     cfg, t = spec.cfg, spec.cfg.train
     manifest = read_manifest(path)
     if manifest and manifest.get("status") in FINISHED and not extends(spec, path, manifest):
@@ -219,7 +200,7 @@ def _train_locked(
         write_tables(path, run.history, run.extra)  # those of the epoch resumed from, whatever came after
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
-        _observe(run, observers, riders, data, cfg)
+        observe(run, observers, riders, lambda c: probe_batches(run, data, c), cfg)
     manifest = (manifest or {}) | {
         "run": spec.name,
         "setting": spec.setting,
@@ -254,8 +235,8 @@ def _train_locked(
         row["epoch_seconds"] = time.perf_counter() - row.pop("_t0")
         run.history.append(row)
         run.epoch += 1
-        _observe(run, observers, riders, data, cfg)
-        _finish_riders(run, path, manifest, riders)
+        observe(run, observers, riders, lambda c: probe_batches(run, data, c), cfg)
+        finish(run, path, manifest, riders)
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         write_tables(path, run.history, run.extra)
         manifest |= {"epochs_done": run.epoch, "updated": now()}
@@ -263,82 +244,13 @@ def _train_locked(
         progress.epoch(row)
     else:
         manifest["status"] = "complete"
-    _finish_riders(run, path, manifest, riders)  # those left where the run diverged
+    finish(run, path, manifest, riders)  # those left where the run diverged
     write_tables(path, run.history, run.extra)
     manifest |= {"finished": now(), "updated": now()}
     io.write_json(path / MANIFEST, manifest)
     (path / PREVIOUS).unlink(missing_ok=True)  # kept only while the run is unfinished (module docstring)
     progress.finish(manifest)
     return manifest
-
-
-def _observe(run: Run, observers: Sequence[Observer], riders: Sequence[Rider], data: Dataset, cfg: DictConfig) -> None:
-    """The run's observers on the model at epoch `run.epoch`, then those of every rider still to finish. A
-    rider trained alone would have been observed on the state the epoch left, so where riders go along no
-    observer may change it (the model's and data normalisation's tensors, the CPU random generator): a
-    RuntimeError, the fault of that observer."""
-    pending = [r for r in riders if r.manifest is None]
-    state = _state_now(run) if pending else None
-    for name, observing, extra, run_cfg in [(cfg.run.name, observers, run.extra, cfg)] + [
-        (r.spec.name, r.observers, r.extra, r.spec.cfg) for r in pending
-    ]:
-        for o in observing:
-            extra.setdefault(o.name, []).extend(o.observe(run.model, probe_batches(run, data, run_cfg), run.epoch))
-        if state is not None and not _same_state(state, _state_now(run)):
-            raise RuntimeError(f"an observer of run {name} changed the model it observed, so no run can ride along")
-
-
-def _state_now(run: Run) -> list[torch.Tensor]:
-    tensors = [*run.model.state_dict().values(), *run.data_norm.state_dict().values(), torch.get_rng_state()]
-    return [t.detach().clone() for t in tensors]
-
-
-def _same_state(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def _finish_riders(run: Run, path: Path, manifest: dict, riders: Sequence[Rider]) -> None:
-    """Write each rider whose last epoch is `run.epoch`, or, once the run has diverged, every rider not yet
-    written: its config, checkpoint, tables and manifest, as its own training would have left them (a
-    diverged rider the run's last checkpoint, from before the epoch that diverged). Its manifest names the
-    run it rode along (`trained_with`)."""
-    diverged = manifest.get("status") == "diverged"
-    for r in riders:
-        epochs = int(r.spec.cfg.train.epochs)
-        if r.manifest is not None or not (diverged or epochs == run.epoch):
-            continue
-        observed = {o.name: o.state_dict() for o in r.observers if hasattr(o, "state_dict")}
-        if not diverged:
-            state = run.state()
-        elif (path / CHECKPOINT).exists():
-            state = torch.load(path / CHECKPOINT, map_location="cpu", weights_only=True)
-        else:
-            state = None  # diverged in its first epoch: no checkpoint, as on its own
-        io.write_text(r.path / CONFIG, OmegaConf.to_yaml(r.spec.run_cfg))
-        history = [dict(row) for row in run.history]
-        if state is not None:
-            io.save_torch(r.path / CHECKPOINT, state | {"history": history, "extra": r.extra, "observers": observed})
-        write_tables(r.path, history, r.extra)
-        cfg, stamp = r.spec.cfg, now()
-        r.manifest = manifest | {
-            "run": r.spec.name,
-            "setting": r.spec.setting,
-            "experiment": cfg.experiment.name,
-            "preset": cfg.preset.name,
-            "method": cfg.get("method") or method_of(cfg.model),
-            "seed": r.spec.seed,
-            "status": manifest["status"] if diverged else "complete",
-            "epochs": epochs,
-            "epochs_done": run.epoch,
-            "resumed_from_epoch": None,
-            "trained_with": f"{manifest['experiment']}/{manifest['run']}",
-            "finished": stamp,
-            "updated": stamp,
-        }
-        io.write_json(r.path / MANIFEST, r.manifest)
-        if history:
-            r.progress.epoch(history[-1])
-        r.progress.finish(r.manifest)
 
 
 def make_run(cfg: DictConfig, data: Dataset, device: torch.device, observers: Sequence[Observer] = ()) -> Run:

@@ -14,8 +14,9 @@ from normprop_cli.cli import compose
 from normprop_cli.engine import expand_grid
 from normprop_cli.engine.job import load_data
 from normprop_cli.engine.parallel import LastEpoch
+from normprop_cli.engine.riders import Rider
 from normprop_cli.engine.runs import read_manifest, run_dir, trajectory
-from normprop_cli.engine.trainer import Rider, train_run, train_together
+from normprop_cli.engine.trainer import train_run, train_together
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
 
 GRID = "grid=[{id: normprop, set: {model.norm: normprop}}, {id: batchnorm, set: {model.norm: batchnorm}}]"

@@ -129,11 +129,20 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
         assert len(metrics(tmp_path, name)) == 4  # 2 settings x 2 seeds, each complete
 
 
-def test_runs_of_one_trajectory_train_once_and_write_their_own_files(tmp_path, capfd):
+def test_runs_of_one_trajectory_train_once_and_write_their_own_files(tmp_path, capfd, monkeypatch):
     """Covariate-shift's runs (2 epochs, with probes) and table1's of the same config and seed (3 epochs):
     a worker trains each trajectory once, the shorter run riding along (trainer.train_together); every file
-    is the one training each run alone writes, timing aside, and the rider's line and manifest say so."""
+    is the one training each run alone writes, timing aside, and the rider's line and manifest say so. The
+    pool hands out no run before both grids are in, so that every pair of twins is waiting together."""
     names = ("covariate-shift", "table1")
+    submit, dispatch, grids = pool.Pool.submit, pool.Pool._dispatch, []
+
+    def counted(self, *args):
+        grids.append(1)
+        return submit(self, *args)
+
+    monkeypatch.setattr(pool.Pool, "submit", counted)
+    monkeypatch.setattr(pool.Pool, "_dispatch", lambda self: dispatch(self) if len(grids) >= 2 else None)
 
     def cfgs(results, jobs):
         return [
@@ -151,7 +160,7 @@ def test_runs_of_one_trajectory_train_once_and_write_their_own_files(tmp_path, c
     said, run = record()
     together.run_all(cfgs(tmp_path / "together", 2), run, workers=2)
     along = [line for line in capfd.readouterr().err.splitlines() if "trained along table1/" in line]
-    assert along and all(line.startswith("[covariate-shift ") for line in along)
+    assert len(along) == 4 and all(line.startswith("[covariate-shift ") for line in along)  # its 4 twins
     for cfg in cfgs(tmp_path / "sequential", 1):
         EXPERIMENTS[cfg.experiment.name].run(cfg)
     for name in names:

@@ -60,7 +60,7 @@ def test_the_committed_reports_say_which_verdicts_share_runs_and_never_that_they
 
 
 def test_runs_trained_once_are_said_so_from_their_manifests(tmp_path):
-    """A run that rode along another's training (engine.trainer.Rider) names it in its manifest; so do two riders
+    """A run that rode along another's training (engine.riders) names it in its manifest; so do two riders
     of one training, which were trained once too."""
     fake_run(tmp_path, "covariate-shift", "normprop-s0", 0, [0.9, 0.5, 0.4])
     fake_run(tmp_path, "activations", "normprop-relu-s0", 0, [0.9, 0.5])

@@ -26,7 +26,7 @@ class Shared:
     a: str
     b: str
     pairs: tuple[tuple[str, str, int], ...]  # (run of a, run of b, last epoch through which they agree)
-    once: int = 0  # pairs trained by one training, one riding along (engine.trainer.Rider: `trained_with`)
+    once: int = 0  # pairs that came from one training, riders along it (engine.riders: `trained_with`)
 
     def text(self) -> str:
         through = sorted({k for _, _, k in self.pairs})

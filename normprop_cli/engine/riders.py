@@ -7,7 +7,7 @@ checkpoint, tables and manifest, the manifest naming the run it rode along (`tra
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import io
-from normprop_cli.engine.runs import CHECKPOINT, CONFIG, MANIFEST, RunSpec, now, write_tables
-from normprop_cli.nn.methods import method_of
+from normprop_cli.engine.runs import CHECKPOINT, CONFIG, MANIFEST, RunSpec, identity, now, run_dir, write_tables
 
 Run = Any  # trainer.Run, which imports this module; trainer's Observer and Progress likewise
 Batches = Callable[[DictConfig], Callable[[], Iterator]]  # a run's config -> what its observers see
@@ -29,9 +28,15 @@ class Rider:
     spec: RunSpec
     observers: Sequence[Any]  # trainer.Observer
     progress: Any  # trainer.Progress
-    path: Path = Path()
-    extra: dict[str, list[dict]] | None = None
-    manifest: dict | None = None  # once written
+    extra: dict[str, list[dict]] = field(init=False)  # its observers' rows
+    manifest: dict | None = field(init=False, default=None)  # once written
+
+    def __post_init__(self) -> None:
+        self.extra = {o.name: [] for o in self.observers}
+
+    @property
+    def path(self) -> Path:
+        return run_dir(self.spec.cfg, self.spec.name)
 
 
 def observe(run: Run, observers: Sequence[Any], riders: Sequence[Rider], batches: Batches, cfg: DictConfig) -> None:
@@ -80,22 +85,19 @@ def finish(run: Run, path: Path, manifest: dict, riders: Sequence[Rider]) -> Non
         if state is not None:
             io.save_torch(r.path / CHECKPOINT, state | {"history": history, "extra": r.extra, "observers": observed})
         write_tables(r.path, history, r.extra)
-        cfg, stamp = r.spec.cfg, now()
-        r.manifest = manifest | {
-            "run": r.spec.name,
-            "setting": r.spec.setting,
-            "experiment": cfg.experiment.name,
-            "preset": cfg.preset.name,
-            "method": cfg.get("method") or method_of(cfg.model),
-            "seed": r.spec.seed,
-            "status": manifest["status"] if diverged else "complete",
-            "epochs": epochs,
-            "epochs_done": run.epoch,
-            "resumed_from_epoch": None,
-            "trained_with": f"{manifest['experiment']}/{manifest['run']}",
-            "finished": stamp,
-            "updated": stamp,
-        }
+        stamp = now()
+        r.manifest = (
+            manifest
+            | identity(r.spec)
+            | {
+                "status": manifest["status"] if diverged else "complete",
+                "epochs_done": run.epoch,
+                "resumed_from_epoch": None,
+                "trained_with": f"{manifest['experiment']}/{manifest['run']}",
+                "finished": stamp,
+                "updated": stamp,
+            }
+        )
         io.write_json(r.path / MANIFEST, r.manifest)
         if history:
             r.progress.epoch(history[-1])

@@ -20,6 +20,7 @@ import normprop_cli
 from normprop_cli import io
 from normprop_cli.engine.progress import console
 from normprop_cli.errors import UserError, first_line
+from normprop_cli.nn.methods import method_of
 
 MANIFEST, CONFIG, METRICS, CHECKPOINT = "manifest.json", "config.yaml", "metrics.csv", "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest: what a damaged newest one falls back to
@@ -52,6 +53,22 @@ class RunSpec:
     @property
     def run_cfg(self) -> DictConfig:
         return OmegaConf.masked_copy(self.cfg, [k for k in RUN_KEYS if k in self.cfg])
+
+
+def identity(spec: RunSpec) -> dict:
+    """The manifest's keys that say which run it is: the trainer's for the run it trains, and for each run
+    riding along it (engine.riders)."""
+    cfg = spec.cfg
+    return {
+        "run": spec.name,
+        "setting": spec.setting,
+        "experiment": cfg.experiment.name,
+        "dataset": cfg.dataset.name,
+        "preset": cfg.preset.name,
+        "method": cfg.get("method") or method_of(cfg.model),
+        "seed": spec.seed,
+        "epochs": int(cfg.train.epochs),
+    }
 
 
 def sweep_dir(cfg: DictConfig) -> Path:

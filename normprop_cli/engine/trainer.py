@@ -38,6 +38,7 @@ from normprop_cli.engine.runs import (
     check_same_config,
     commit,
     extends,
+    identity,
     load_checkpoint,
     now,
     read_manifest,
@@ -150,14 +151,11 @@ def train_together(
     process trained it meanwhile), every run trains on its own, one after another."""
     if any(int(r.spec.cfg.train.epochs) > int(spec.cfg.train.epochs) for r in riders):
         raise ValueError(f"a rider of run {spec.name} has more epochs than it")
-    paths = [run_dir(r.spec.cfg, r.spec.name) for r in riders]
     with contextlib.ExitStack() as held:
-        for r, p in zip(riders, paths, strict=True):
-            held.enter_context(lock.hold(p, r.spec.name))
-        if all(read_manifest(p) is None for p in [run_dir(spec.cfg, spec.name), *paths]):
-            for r, p in zip(riders, paths, strict=True):
-                r.path, r.extra, r.manifest = p, {o.name: [] for o in r.observers}, None
-            path = run_dir(spec.cfg, spec.name)
+        for r in riders:
+            held.enter_context(lock.hold(r.path, r.spec.name))
+        path = run_dir(spec.cfg, spec.name)
+        if all(read_manifest(p) is None for p in [path, *(r.path for r in riders)]):  # fresh, all of them
             with lock.hold(path, spec.name):
                 first = _train_locked(spec, path, data, device, progress, observers, riders)
             return [first, *(r.manifest for r in riders)]
@@ -193,33 +191,27 @@ def _train_locked(
             f"(epoch {state['epoch']} of {t.epochs})"
         )
         manifest = None
-    if riders and (state is not None or manifest):
-        raise RuntimeError(f"run {spec.name} is not fresh: no run can ride along it")
     if state is not None:
         run.load(state)
         write_tables(path, run.history, run.extra)  # those of the epoch resumed from, whatever came after
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
         observe(run, observers, riders, lambda c: probe_batches(run, data, c), cfg)
-    manifest = (manifest or {}) | {
-        "run": spec.name,
-        "setting": spec.setting,
-        "experiment": cfg.experiment.name,
-        "dataset": cfg.dataset.name,
-        "preset": cfg.preset.name,
-        "method": cfg.get("method") or method_of(cfg.model),
-        "seed": spec.seed,
-        "status": "running",
-        "epochs": int(t.epochs),
-        "epochs_done": run.epoch,
-        "device": str(device),
-        "device_name": describe(device),
-        "deterministic": bool(cfg.get("deterministic", False)),  # --deterministic (device.prepare)
-        "commit": commit(),
-        "versions": versions(),
-        "host": _host(),
-        "dataset_info": data.info,
-    }
+    manifest = (
+        (manifest or {})
+        | identity(spec)
+        | {
+            "status": "running",
+            "epochs_done": run.epoch,
+            "device": str(device),
+            "device_name": describe(device),
+            "deterministic": bool(cfg.get("deterministic", False)),  # --deterministic (device.prepare)
+            "commit": commit(),
+            "versions": versions(),
+            "host": _host(),
+            "dataset_info": data.info,
+        }
+    )
     manifest.setdefault("started", now())
     manifest["resumed_from_epoch"] = run.epoch if run.epoch else None
     io.write_json(path / MANIFEST, manifest)

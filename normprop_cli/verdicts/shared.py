@@ -94,13 +94,14 @@ def shared_runs(results: Path, experiments) -> list[Shared]:
     pairs: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
     once: dict[tuple[str, str], int] = {}
     for group in trajectories(results, experiments).values():
+        training = {run: _training(experiment, run) for experiment, run in group}  # each manifest read once
         for i, (ea, ra) in enumerate(group):
             for eb, rb in group[i + 1 :]:
                 if ea == eb:
                     continue
                 (ea2, ra2), (eb2, rb2) = sorted([(ea, ra), (eb, rb)], key=lambda t: t[0])
                 pairs.setdefault((ea2, eb2), []).append((ra2.name, rb2.name, agree_through(ra2, rb2)))
-                once[(ea2, eb2)] = once.get((ea2, eb2), 0) + (_training(ea, ra) == _training(eb, rb))
+                once[(ea2, eb2)] = once.get((ea2, eb2), 0) + (training[ra] == training[rb])
     return [Shared(a, b, tuple(sorted(p)), once[(a, b)]) for (a, b), p in sorted(pairs.items())]
 
 

@@ -96,6 +96,18 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def read_yaml(path: Path) -> dict:
+    """A YAML file (a run's config.yaml) as plain dicts and lists, parsed by libyaml where PyYAML has it:
+    ~15 times faster than OmegaConf.load, for a report that reads a few keys of hundreds of runs' configs.
+    YAML 1.1 rules: a float written without a dot (1e-05) comes back as a string, so only keys whose
+    values are booleans, integers, strings or floats read through float() are read this way."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=loader) or {}
+
+
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from normprop_cli.engine.runs import CONFIG
+from normprop_cli.io import read_yaml
 from normprop_cli.verdicts.sources import epochs_text, paper_datasets, paper_protocol
 
 INPUTS = {  # how a data set's images enter the NIN, where that is not the paper's 3x32x32
@@ -105,7 +104,7 @@ def found(experiment: str, prov: dict, directory: Path | None = None) -> list[tu
 def augments(directory: Path) -> bool:
     """Did any run of the sweep train with augmentation (train.augment)?"""
     return any(
-        OmegaConf.select(OmegaConf.load(path), "train.augment", default=False)
+        bool((read_yaml(path).get("train") or {}).get("augment", False))
         for path in sorted((directory / "runs").glob(f"*/{CONFIG}"))
     )
 

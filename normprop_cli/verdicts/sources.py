@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normprop_cli import config
 from normprop_cli.engine.runs import CONFIG, read_manifest
+from normprop_cli.io import read_yaml
 
 
 def result_dirs(results: Path, experiment: str) -> list[Path]:
@@ -30,15 +31,15 @@ def provenance(directory: Path) -> dict:
         return {}
     reported = [r for r in runs if not r.parent.name.startswith("sweep-")] or runs
     manifests = [read_manifest(r.parent) or {} for r in reported]
-    configs = [OmegaConf.load(r.parent / CONFIG) for r in reported]
+    trains = [read_yaml(r.parent / CONFIG).get("train") or {} for r in reported]  # plain: ~15x faster
     return {
         "preset": manifests[0].get("preset", "?"),
         "device": ", ".join(sorted({m.get("device", "?") for m in manifests})),
         "runs": len(runs),
         "dataset": manifests[0].get("dataset", directory.name),
-        "cfg": configs[0],
+        "cfg": OmegaConf.load(reported[0].parent / CONFIG),
         "seeds": len({m.get("seed") for m in manifests}),
-        "schedules": sorted({(int(c.train.epochs), int(c.train.lr_halve_every)) for c in configs}),
+        "schedules": sorted({(int(t["epochs"]), int(t["lr_halve_every"])) for t in trains}),
     }
 
 

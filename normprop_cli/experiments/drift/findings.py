@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
 from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
+from normprop_cli.io import read_yaml
 from normprop_cli.statistics import format_mean_ci
 from normprop_cli.verdicts import claims
 
@@ -236,7 +237,7 @@ def run_decays(runs: Path, names=None) -> Counter:
     for path in sorted(runs.glob("*/config.yaml")):
         if not keep(path.parent.name):
             continue
-        train = OmegaConf.load(path).get("train") or {}
+        train = read_yaml(path).get("train") or {}
         found[str(train.get("decay", "all")), float(train.get("weight_decay", 0.0))] += 1
     return found
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -125,14 +126,18 @@ def compose_checked(
 _COMPOSED: dict[tuple, DictConfig] = {}
 
 
-def _conf_state(directory: Path) -> tuple:
-    """What a composition reads: every YAML file under `directory` with its size and modification time."""
-    return tuple(sorted((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in directory.rglob("*.yaml")))
+def _conf_state(directory: Path) -> str:
+    """What a composition reads: a digest of every YAML file's path and bytes under `directory` (~2 ms; a
+    modification time can miss a rewrite within the file system's clock tick)."""
+    digest = hashlib.sha1()
+    for f in sorted(directory.rglob("*.yaml")):
+        digest.update(f"{f}\0".encode() + f.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _compose(overrides: list[str]) -> DictConfig:
     """Hydra's composition of config.yaml under `overrides`, struct off. A composition takes ~60 ms and a
-    report asks for the same few dozen times: each is kept, keyed by the overrides and the state of the
+    report asks for the same few dozen times: each is kept, keyed by the overrides and the contents of the
     config files (a changed or added file composes anew), and handed out as a deep copy (~2 ms) that
     the caller may change."""
     directory = conf_dir()
@@ -147,6 +152,8 @@ def _compose(overrides: list[str]) -> DictConfig:
         finally:
             GlobalHydra.instance().clear()
         OmegaConf.set_struct(cfg, False)
+        while len(_COMPOSED) >= 64:  # a bound for processes that compose many (a test session)
+            del _COMPOSED[next(iter(_COMPOSED))]
         _COMPOSED[key] = cfg
     return copy.deepcopy(_COMPOSED[key])
 

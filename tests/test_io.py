@@ -46,3 +46,20 @@ def test_the_umask_is_read_where_proc_does_not_show_it(umask, monkeypatch, tmp_p
     umask(0o027)
     monkeypatch.setattr(io, "Path", lambda _: tmp_path / "no-proc-status")
     assert io.umask() == 0o027 and os.umask(0o027) == 0o027
+
+
+def test_read_yaml_gives_a_run_config_s_keys_as_omegaconf_does(tmp_path):
+    """The report reads a few keys of every run's config.yaml as plain YAML; they equal OmegaConf's."""
+    from omegaconf import OmegaConf
+
+    from normprop_cli import config
+
+    cfg = config.load("normalizers", preset="quick")
+    path = io.write_text(tmp_path / "config.yaml", OmegaConf.to_yaml(cfg))
+    plain, loaded = io.read_yaml(path), OmegaConf.load(path)
+    for key in ("train.augment", "train.epochs", "train.lr_halve_every", "train.decay", "seeds", "dataset.train_limit"):
+        value = plain
+        for part in key.split("."):
+            value = value[part]
+        assert value == OmegaConf.select(loaded, key), key
+    assert float(plain["train"]["weight_decay"]) == float(loaded.train.weight_decay)

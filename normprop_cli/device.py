@@ -62,7 +62,10 @@ def prepare(device: torch.device, deterministic: bool = False) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = deterministic
-    torch.use_deterministic_algorithms(deterministic)
+    # set only where it differs: setting it imports torch._inductor, 1.7 s of every process's start
+    mode = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    if mode != (deterministic, False):
+        torch.use_deterministic_algorithms(deterministic)
 
 
 # glibc's malloc gives blocks of over 128 KiB back to the kernel when they are freed (mmap, then munmap;

@@ -3,6 +3,7 @@ checkpoint (with the previous one to fall back to) and its tables."""
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import subprocess
@@ -85,11 +86,14 @@ def expand_grid(cfg: DictConfig) -> list[RunSpec]:
     own `seeds: N` keeps only the first N of them (e.g. one costly full-width run); its `extra_seeds: K`
     adds the K seeds after them (e.g. where a comparison needs more seeds than the rest)."""
     specs = []
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree.pop("grid", None)
+    base = OmegaConf.create(tree)  # once: a copy of it takes 2 ms, a creation 16 ms (with the grid)
     for entry in cfg.get("grid") or [{"id": "default", "set": {}}]:
         n = min(int(cfg.seeds), int(entry.get("seeds") or cfg.seeds)) + int(entry.get("extra_seeds") or 0)
         for k in range(n):
             seed = int(cfg.seed) + k
-            run = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+            run = copy.deepcopy(base)
             for key, value in (entry.get("set") or {}).items():
                 if OmegaConf.select(run, key, default="<missing>") == "<missing>":
                     raise UserError(
@@ -99,7 +103,6 @@ def expand_grid(cfg: DictConfig) -> list[RunSpec]:
             name = f"{entry['id']}-s{seed}"
             run.run = {"name": name, "setting": entry["id"]}
             run.seed = seed
-            run.pop("grid", None)
             specs.append(RunSpec(name=name, setting=entry["id"], seed=seed, cfg=run))
     if not specs:
         raise UserError(f"experiment {cfg.experiment.name} expands to no runs; use --seeds 1 or more")

@@ -38,7 +38,7 @@ CHUNK = 64  # images per float64 accumulation: bounds the float64 copy of a full
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 Batches = Callable[[], Iterator]
-Visit = Callable[[int, Tensor, Tensor, Callable[[Tensor], Tensor]], None]
+Visit = Callable[[int, Tensor, Tensor, "Standard"], None]
 
 
 @contextmanager
@@ -112,8 +112,7 @@ def each_layer_input(model: nn.Module, batches: Batches, first_layer: int, visit
     masks: dict[int, Tensor] = {}
 
     def hook(k: int):
-        c = units[k]
-        to_standard = (lambda v: v) if c is None else (lambda v: (v - c[0]) / c[1])
+        to_standard = Standard(units[k])
 
         def pre(module, inputs):
             visit(k, inputs[0], masks[k], to_standard)
@@ -139,6 +138,21 @@ def _measurement_context(model: nn.Module, batches: Batches, epoch: int):
     return batch_statistics_at_init(model, batches) if epoch == 0 else nullcontext()
 
 
+class Standard:
+    """The map of a layer's input to standard units, (v - c2) / c1, or none (`c` None: the input is in them)."""
+
+    def __init__(self, c: tuple[float, float] | None) -> None:
+        self.c = c
+
+    def __call__(self, v: Tensor) -> Tensor:
+        return v if self.c is None else (v - self.c[0]) / self.c[1]
+
+    def wide(self, x: Tensor) -> Tensor:
+        """self(x.double()) as a float64 tensor of its own, made in place."""
+        v = x.to(torch.float64, copy=True)
+        return v if self.c is None else v.sub_(self.c[0]).div_(self.c[1])
+
+
 class UnitMoments:
     """Per-unit count, sum and sum of squares in float64, taken about a shift (the first image's
     value) so that a near-constant unit's variance does not vanish in cancellation."""
@@ -146,14 +160,17 @@ class UnitMoments:
     def __init__(self) -> None:
         self.n, self.shift, self.s, self.ss = 0, None, 0.0, 0.0
 
-    def add(self, v: Tensor) -> None:
-        """v: [images, *units], float64."""
+    def add(self, x: Tensor, standard: Standard = Standard(None)) -> None:
+        """x: [images, *units], in any dtype, read in standard units in float64. The sums are those of
+        standard(x.double()) - shift, in fewer passes over the images: without a map, one subtraction
+        that widens x as it reads it; the square in place (a probe's passes over float64 copies of every
+        layer's input cost more than the forward pass that makes them)."""
         if self.shift is None:
-            self.shift = v[0].clone()
-        d = v - self.shift
-        self.n += len(v)
+            self.shift = standard.wide(x[:1])[0]
+        d = torch.sub(x, self.shift) if standard.c is None else standard.wide(x).sub_(self.shift)
+        self.n += len(d)
         self.s = self.s + d.sum(0)
-        self.ss = self.ss + d.square().sum(0)
+        self.ss = self.ss + d.square_().sum(0)
 
     def mean_std(self) -> tuple[Tensor, Tensor]:
         """Each unit's mean and (population) std over the images added."""
@@ -188,7 +205,7 @@ class UnitProbe:
                 units[layer] = [self.unit(layer, d, x.shape[1], mask) for d in range(self.draws)]
                 acc[layer] = UnitMoments()
             c, h, w = (list(i) for i in zip(*units[layer], strict=True))
-            acc[layer].add(to_standard(x[:, c, h, w].double()))  # [N, draws]
+            acc[layer].add(x[:, c, h, w], to_standard)  # [N, draws]
 
         with _measurement_context(model, batches, epoch):
             each_layer_input(model, batches, self.first_layer, visit)
@@ -251,7 +268,7 @@ class PopulationProbe:
             masks[layer] = mask
             moments = acc.setdefault(layer, UnitMoments())
             for part in x.split(CHUNK):
-                moments.add(to_standard(part.double()))
+                moments.add(part, to_standard)
 
         with _measurement_context(model, batches, epoch):
             each_layer_input(model, batches, self.first_layer, visit)

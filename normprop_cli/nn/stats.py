@@ -119,9 +119,10 @@ def quadrature_stats(
     (`breakpoints`); () means fn is smooth and Gauss-Hermite is used.
     """
     x_np, w = normal_quadrature(tuple(breakpoints), n)
-    x = torch.tensor(x_np, dtype=torch.float64, requires_grad=derivative is None)
-    y = fn(x)
-    dy = torch.autograd.grad(y.sum(), x)[0] if derivative is None else derivative(x.detach())
+    with torch.enable_grad():  # autograd's f' also where the first call comes under no_grad (a probe's)
+        x = torch.tensor(x_np, dtype=torch.float64, requires_grad=derivative is None)
+        y = fn(x)
+        dy = torch.autograd.grad(y.sum(), x)[0] if derivative is None else derivative(x.detach())
     y, dy = y.detach().numpy(), dy.detach().numpy()
     mean = float(w @ y)
     std = math.sqrt(float(w @ (y - mean) ** 2))

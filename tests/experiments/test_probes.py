@@ -12,6 +12,8 @@ from normprop_cli.experiments.probes import (
     POPULATION_COLUMNS,
     UNIT_COLUMNS,
     PopulationProbe,
+    Standard,
+    UnitMoments,
     UnitProbe,
     batch_statistics_at_init,
     standard_units,
@@ -230,3 +232,19 @@ def test_probes_calibrate_batchnorm_at_epoch_0_only():
     for k in range(2, 10):
         assert at_init[k]["avg_std"] == pytest.approx(calibrated[k]["avg_std"], rel=1e-9)
     assert any(abs(at_init[k]["avg_std"] - uncalibrated[k]["avg_std"]) > 0.05 for k in range(2, 10))
+
+
+@pytest.mark.parametrize("c", [None, (0.4, 0.58)])
+def test_unit_moments_read_a_layer_input_as_its_float64_standard_units_bit_for_bit(c):
+    """The moments of a float32 input, widened as they are read, are those of standard(x.double()): the
+    same float64 sums about the same shift, and the input is left as it was."""
+    x = torch.randn(50, 4, 6, 6).to(memory_format=torch.channels_last) * 3 + 1
+    kept, fused, plain = x.clone(), UnitMoments(), UnitMoments()
+    standard = Standard(c)
+    for part in x.split(16):
+        fused.add(part, standard)
+        plain.add(standard(part.double()))  # already float64: read as it is
+    assert torch.equal(x, kept)
+    assert fused.n == plain.n == 50
+    for a, b in zip(fused.mean_std(), plain.mean_std(), strict=True):
+        assert a.dtype == torch.float64 and torch.equal(a, b)

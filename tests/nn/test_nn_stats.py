@@ -92,6 +92,13 @@ def test_quadrature_with_given_derivative_equals_autograd():
     assert given.jacobian_factor == pytest.approx(auto.jacobian_factor, abs=1e-12)
 
 
+def test_autograd_quadrature_works_under_no_grad():
+    """A probe (under torch.no_grad) may be the first in its process to ask for tanh's constants."""
+    with torch.no_grad():
+        inside = quadrature_stats(torch.tanh)
+    assert inside == quadrature_stats(torch.tanh)
+
+
 def test_tanh_and_sigmoid_statistics():
     tanh = activation_stats("tanh")
     var = expect_normal(lambda x: math.tanh(x) ** 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
+import threading
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -124,6 +125,7 @@ def compose_checked(
 
 
 _COMPOSED: dict[tuple, DictConfig] = {}
+_COMPOSING = threading.Lock()  # Hydra's GlobalHydra is one per process: reproduce-all's experiment threads take turns
 
 
 def _conf_state(directory: Path) -> str:
@@ -142,20 +144,21 @@ def _compose(overrides: list[str]) -> DictConfig:
     the caller may change."""
     directory = conf_dir()
     key = (str(directory), tuple(overrides), _conf_state(directory))
-    if key not in _COMPOSED:
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-                cfg = compose(config_name="config", overrides=overrides)
-        except Exception as exc:  # Hydra's missing-key and composition errors
-            raise bad_override(exc) from None
-        finally:
+    with _COMPOSING:
+        if key not in _COMPOSED:
             GlobalHydra.instance().clear()
-        OmegaConf.set_struct(cfg, False)
-        while len(_COMPOSED) >= 64:  # a bound for processes that compose many (a test session)
-            del _COMPOSED[next(iter(_COMPOSED))]
-        _COMPOSED[key] = cfg
-    return copy.deepcopy(_COMPOSED[key])
+            try:
+                with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+                    cfg = compose(config_name="config", overrides=overrides)
+            except Exception as exc:  # Hydra's missing-key and composition errors
+                raise bad_override(exc) from None
+            finally:
+                GlobalHydra.instance().clear()
+            OmegaConf.set_struct(cfg, False)
+            while len(_COMPOSED) >= 64:  # a bound for processes that compose many (a test session)
+                del _COMPOSED[next(iter(_COMPOSED))]
+            _COMPOSED[key] = cfg
+        return copy.deepcopy(_COMPOSED[key])
 
 
 def _parse(overrides: list[str]) -> list[Override]:

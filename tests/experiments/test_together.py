@@ -114,13 +114,23 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
 
     names = ("table1", "convergence")
     said, run = record()
-    timer = threading.Timer(3.0, _thread.interrupt_main)  # as a user would press it, once the workers train
-    timer.start()
+    done = threading.Event()
+
+    def press_once_a_run_trains():  # as a user would, once a worker has begun a run (it writes its config
+        # first), whenever that is: a fixed delay came after the end where the workers started fast
+        while not done.wait(0.005):
+            if any(tmp_path.glob("*/synthetic/runs/*/config.yaml")):
+                _thread.interrupt_main()
+                return
+
+    presser = threading.Thread(target=press_once_a_run_trains, daemon=True)
+    presser.start()
     try:
         with pytest.raises(SystemExit) as stopped:
             together.run_all(configs(tmp_path, 2, *names), run, workers=2)
     finally:
-        timer.cancel()
+        done.set()
+        presser.join()
     assert stopped.value.code == 130
     assert "interrupted" in capfd.readouterr().err
     assert pool.active() is None and not multiprocessing.active_children()

@@ -3,6 +3,7 @@ engine.pool): the same numbers as one experiment after another, an experiment th
 alone and first, and the first failure stops every experiment with its own message."""
 
 import multiprocessing
+import signal
 import threading
 
 import pandas as pd
@@ -123,6 +124,8 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
                 _thread.interrupt_main()
                 return
 
+    # Ctrl-C as a user's Python takes it (interrupt_main does nothing under another SIGINT handler)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     presser = threading.Thread(target=press_once_a_run_trains, daemon=True)
     presser.start()
     try:
@@ -131,6 +134,8 @@ def test_ctrl_c_stops_every_experiment_and_a_rerun_resumes_them(tmp_path, capfd)
     finally:
         done.set()
         presser.join()
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
     assert stopped.value.code == 130
     assert "interrupted" in capfd.readouterr().err
     assert pool.active() is None and not multiprocessing.active_children()

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -182,6 +183,7 @@ def _train_locked(
 
     torch.manual_seed(spec.seed)
     run = make_run(cfg, data, device, observers)
+    batches = partial(probe_batches, run, data)  # what a run's observers see, by its config
     damaged = bool(manifest) and manifest.get("status") == DAMAGED
     needed = f"{MANIFEST} is damaged ({manifest['problem']}), and " if damaged else ""
     state = load_checkpoint(spec.name, path, device, needed)  # a damaged manifest needs one to rebuild from
@@ -196,7 +198,7 @@ def _train_locked(
         write_tables(path, run.history, run.extra)  # those of the epoch resumed from, whatever came after
     else:
         io.write_text(path / CONFIG, OmegaConf.to_yaml(spec.run_cfg))
-        observe(run, observers, riders, lambda c: probe_batches(run, data, c), cfg)
+        observe(run, observers, riders, batches, cfg)
     manifest = (
         (manifest or {})
         | identity(spec)
@@ -227,7 +229,7 @@ def _train_locked(
         row["epoch_seconds"] = time.perf_counter() - row.pop("_t0")
         run.history.append(row)
         run.epoch += 1
-        observe(run, observers, riders, lambda c: probe_batches(run, data, c), cfg)
+        observe(run, observers, riders, batches, cfg)
         finish(run, path, manifest, riders)
         io.save_torch(path / CHECKPOINT, run.state(), keep=path / PREVIOUS)
         write_tables(path, run.history, run.extra)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from normprop_cli.io import parse_yaml
+
 BUDGET_KEYS = frozenset({
     "seed", "seeds", "train.epochs", "train.lr_halve_every", "train.batch_size", "train.max_steps",
     "train.probe_images", "dataset.limit", "dataset.train_limit", "model.width", "experiment.early_epochs",
@@ -266,7 +268,7 @@ class History:
 def _yaml(text: bytes) -> dict | None:
     """A file's YAML, None where it is no mapping; unparseable YAML counts as absent."""
     try:
-        data = yaml.load(text.decode("utf-8", "replace"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = parse_yaml(text.decode("utf-8", "replace"))
     except yaml.YAMLError:
         return None
     return data if isinstance(data, dict) else None

@@ -94,7 +94,7 @@ def shared_runs(results: Path, experiments) -> list[Shared]:
     pairs: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
     once: dict[tuple[str, str], int] = {}
     for group in trajectories(results, experiments).values():
-        training = {run: _training(experiment, run) for experiment, run in group}  # each manifest read once
+        training = {run: _training(experiment, run) for experiment, run in group}  # once per run, not per pair
         for i, (ea, ra) in enumerate(group):
             for eb, rb in group[i + 1 :]:
                 if ea == eb:

@@ -33,13 +33,22 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
-def test_a_training_steps_freed_memory_is_reused_not_faulted_in_again():
-    done = subprocess.run([sys.executable, "-c", STEPS], capture_output=True, text=True, timeout=300)
+def page_faults(script: str) -> int:
+    """The page faults `script` prints, run in a fresh process; a skip where the C library is not glibc
+    (the script exits with 3)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     if done.returncode == 3:
         pytest.skip("the C library is not glibc")
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 5_000
+    return int(done.stdout)
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+
+
+@linux_only
+def test_a_training_steps_freed_memory_is_reused_not_faulted_in_again():
+    assert page_faults(STEPS) < 5_000
 
 
 # A 40 MB tensor (a NIN activation at width 1.0, batch 50 is 33-39 MB), made and freed five times in a
@@ -62,13 +71,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+@linux_only
 def test_a_block_over_glibcs_mmap_threshold_is_reused_not_faulted_in_again():
-    done = subprocess.run([sys.executable, "-c", BIG_BLOCKS], capture_output=True, text=True, timeout=300)
-    if done.returncode == 3:
-        pytest.skip("the C library is not glibc")
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 2_000
+    assert page_faults(BIG_BLOCKS) < 2_000
 
 
 def test_a_cpu_is_described_by_its_model_family_and_vector_instructions(monkeypatch):

@@ -148,3 +148,43 @@ def markdown(table, header: Sequence[str] | None = None, rule: str = " --- ") ->
         "|" + f"{rule}|" * len(header),
         *("| " + " | ".join(map(str, row)) + " |" for row in table),
     ]
+
+
+def sd_ratio_interval(x, y, level: float = LEVEL) -> tuple:
+    """sd(x) / sd(y) of two independent samples and Bonett's interval at `level` on that ratio (Bonett
+    2006, "Robust confidence interval for a ratio of standard deviations"), whose coverage does not
+    rest on normal values: the F interval's does, and with t(5) tails it covers ~0.86 at 12 values a
+    side, where this one covers ~0.94. On the log of the variance ratio,
+        log(c s_x^2 / s_y^2) -/+ z sqrt((k - (n_x - 3) / n_x) / (n_x - 1) + (k - (n_y - 3) / n_y) / (n_y - 1)),
+    k the pooled kurtosis estimate (n_x + n_y) sum (v - m)^4 / ((n_x - 1) s_x^2 + (n_y - 1) s_y^2)^2 with
+    each sample's m its mean trimmed by 1 / (2 sqrt(n - 4)) (untrimmed at n <= 4), z the normal
+    quantile and c = (n_x / (n_x - z)) / (n_y / (n_y - z)); square roots of the ends give the sd ratio.
+    x, y: 1-d samples, or 2-d arrays of samples by row (vectorised; then each returned value is an
+    array). Non-finite values of a 1-d sample are left out; under 3 values a side, or a zero spread
+    in y, there is no interval (NaN)."""
+    from scipy import stats
+    from scipy.special import ndtri
+
+    one = np.ndim(x) == 1
+    x, y = (np.atleast_2d(_finite(v) if one else np.asarray(v, dtype=float)) for v in (x, y))
+    (n_x, n_y), z = (x.shape[-1], y.shape[-1]), float(ndtri(0.5 + level / 2))
+    with np.errstate(all="ignore"):
+        v_x, v_y = x.var(axis=-1, ddof=1), y.var(axis=-1, ddof=1)
+        ratio = np.sqrt(v_x / v_y)
+        if min(n_x, n_y) < 3:
+            nan = np.full_like(ratio, math.nan)
+            return _unwrap(one, ratio, nan, nan)
+        centre = lambda v, n: stats.trim_mean(v, 1 / (2 * math.sqrt(n - 4)), axis=-1) if n > 4 else v.mean(-1)  # noqa: E731
+        fourth = ((x - centre(x, n_x)[:, None]) ** 4).sum(-1) + ((y - centre(y, n_y)[:, None]) ** 4).sum(-1)
+        kurtosis = (n_x + n_y) * fourth / ((n_x - 1) * v_x + (n_y - 1) * v_y) ** 2
+        se = np.sqrt((kurtosis - (n_x - 3) / n_x) / (n_x - 1) + (kurtosis - (n_y - 3) / n_y) / (n_y - 1))
+        log_c = math.log(n_x / (n_x - z)) - math.log(n_y / (n_y - z))
+        mid = log_c + np.log(v_x / v_y)
+        low, high = np.exp((mid - z * se) / 2), np.exp((mid + z * se) / 2)
+    bad = ~(np.isfinite(low) & np.isfinite(high)) | (v_y == 0)
+    low, high = np.where(bad, math.nan, low), np.where(bad, math.nan, high)
+    return _unwrap(one, ratio, low, high)
+
+
+def _unwrap(one: bool, *arrays):
+    return tuple(float(a[0]) for a in arrays) if one else arrays

@@ -5,7 +5,8 @@
 
 Each claim has an effect oriented so that a positive effect favours the paper, a kind of test
 (superiority, non-inferiority or equivalence), an interval over seeds at the kind's level (`level_of`:
-90% for equivalence, 95% otherwise; scipy.stats: a t interval, or a bootstrap one) and a margin (a
+90% for equivalence, 95% otherwise: a t interval on per-seed effects, or for C3's ratio of spreads
+Bonett's interval, statistics.sd_ratio_interval) and a margin (a
 fraction of a baseline's error where the claim says `relative_to`). `verdict` turns the interval into
 reproduced / not reproduced / inconclusive; `judge` applies it to all seeds and to each half of them,
 and `final_verdict` downgrades the all-seeds verdict where the halves disagree. REPORT.md's "How a

@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 
 Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset's).")]
-Preset = Annotated[str | None, typer.Option(help="paper | cpu | fashion | quick | smoke (default: quick).")]
+Preset = Annotated[str | None, typer.Option(help="paper | gpu | cpu | fashion | quick | smoke (default: quick).")]
 ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: the preset's, e.g. results/).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Train nothing: write plan.csv (runs, steps, time, disk).")]
 StepTimesCsv = Annotated[Path | None, typer.Option(envvar="NORMPROP_STEP_TIMES", help="Step times (CSV) for the plan.")]

@@ -4,7 +4,7 @@ beside the paper's, what produced them, and where the run departs from the paper
 files only, never a model.
 
 A results directory may hold other results trees one level down (results/cpu/ for the cpu preset,
-results/fashion/ for Fashion-MNIST): each gets a column of the first table, its own verdict table,
+results/fashion/ for Fashion-MNIST, results/gpu/ for the gpu preset): each gets a column of the first table, its own verdict table,
 verdicts.csv and sections, after the top-level ones."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F
 from normprop_cli.verdicts.robustness import robustness_text
 from normprop_cli.verdicts.shared import statement
 
-PRESET_ORDER = ("quick", "cpu", "fashion")  # the first table's columns; other presets follow by name
+PRESET_ORDER = ("quick", "cpu", "fashion", "gpu")  # the first table's columns; other presets follow by name
 CONCLUSIVE = (verdicts.REPRODUCED, verdicts.NOT_REPRODUCED)
 UNMEASURED = (verdicts.NOT_MEASURED, verdicts.NOT_YET_MEASURED)
 
@@ -79,7 +79,7 @@ class Tree:
 
 
 def ordered(trees: list[Tree], root: Path) -> list[Tree]:
-    """quick, cpu, fashion, then any other preset by name; the same preset: `root` first, then by path."""
+    """quick, cpu, fashion, gpu, then any other preset by name; the same preset: `root` first, then by path."""
 
     def key(tree: Tree):
         rank = PRESET_ORDER.index(tree.preset) if tree.preset in PRESET_ORDER else len(PRESET_ORDER)

@@ -4,8 +4,8 @@ beside the paper's, what produced them, and where the run departs from the paper
 files only, never a model.
 
 A results directory may hold other results trees one level down (results/cpu/ for the cpu preset,
-results/fashion/ for Fashion-MNIST, results/gpu/ for the gpu preset): each gets a column of the first table, its own verdict table,
-verdicts.csv and sections, after the top-level ones."""
+results/fashion/ for Fashion-MNIST, results/gpu/ for the gpu preset): each gets a column of the first
+table, its own verdict table, verdicts.csv and sections, after the top-level ones."""
 
 from __future__ import annotations
 

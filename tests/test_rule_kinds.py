@@ -64,7 +64,7 @@ def test_every_estimator_takes_the_level():
     for estimate, table in (
         (V.one_sample(-1), pairs),
         (V.paired(+1), pairs),
-        (rule.speedup, pairs),
+        (rule.speedup, pairs.assign(ratio=pairs["normprop"] / pairs["baseline"])),
         (rule.spread_ratio, spreads),
     ):
         e95, e90 = estimate(table), estimate(table, 0.90)

@@ -11,12 +11,12 @@ trains its runs, one epoch per turn, with this command's threads; this process h
 --jobs, no --launcher); a killed sweep resumes from each run's last finished epoch.
 
 The ratio of two methods (`ratio_vs_batchnorm`, `ratio_vs_none`) pairs their epochs round by round
-(verdicts.rounds): per seed, the geometric mean over its timed rounds of the method's seconds over the
-base's in the same round; over seeds, the geometric mean of those per-seed ratios (`seeds_vs_*` seeds,
-`rounds_vs_*` rounds in all). It is the ratio behind the verdict on C6 (its effect is 1 - this ratio,
-with a t interval over seeds on the log of the per-seed ratios). `pooled_ratio_vs_batchnorm` is the
-ratio of the two methods' `median_epoch_seconds`, the medians of all their runs' timed epochs pooled:
-not paired, shown for reference.
+(verdicts.rounds): per seed, the median over its timed rounds of the method's seconds over the base's in
+the same round (no single disturbed round decides it); over seeds, the geometric mean of those per-seed
+ratios (`seeds_vs_*` seeds, `rounds_vs_*` rounds in all). It is the ratio behind the verdict on C6 (its
+effect is 1 - this ratio, with a t interval over seeds on the log of the per-seed ratios).
+`pooled_ratio_vs_batchnorm` is the ratio of the two methods' `median_epoch_seconds`, the medians of all
+their runs' timed epochs pooled: not paired, shown for reference.
 
 rounds.csv   one row per epoch trained in a round: run, method, seed, round, position (1 = first in the
              round's order), order (the round's order of the settings), process (the command's process
@@ -181,7 +181,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     paired_bars(rel, table, "ratio_vs_batchnorm", "paper_ratio_vs_batchnorm", "reproduced", paper_ratio)
     rel.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
     rel.set_xticks(list(x), names)
-    rel.set_ylabel("epoch time / BatchNorm's (paired by round, geometric mean)", fontsize=8)
+    rel.set_ylabel("epoch time / BatchNorm's (paired by round, median over rounds)", fontsize=8)
     rel.legend(frameon=False, fontsize=7)
     for panel, values in ((ax, table["median_epoch_seconds"]), (rel, table["ratio_vs_batchnorm"])):
         plots.note_if_empty(panel, values)
@@ -215,7 +215,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
             rows.append(
                 {
                     "quantity": "epoch time ratio NormProp / BatchNorm, paired by round: geometric mean over "
-                    f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's geometric mean, over its timed rounds "
+                    f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's median, over its timed rounds "
                     f"({int(r['rounds_vs_batchnorm'])} in all), of NormProp's / BatchNorm's seconds in the same "
                     "round (the C6 verdict's ratio, its effect 1 - ratio)",
                     "reproduced": round(float(r["ratio_vs_batchnorm"]), 3),
@@ -243,9 +243,10 @@ def paragraphs(cfg: DictConfig) -> list[str]:
         "The methods' runs trained in rounds: for each seed, epoch r of every method's run, one after another "
         "in an order shuffled per round, before any trained epoch r + 1 (rounds.csv records each round's "
         "order), so that a slow spell of the machine falls on every method of a round alike. The epoch "
-        "time ratio NormProp / BatchNorm pairs the epochs round by round: per seed, the geometric mean over "
-        "its timed rounds (after the warm-up) of NormProp's training seconds over BatchNorm's in the same "
-        f"round; over the {int(r['seeds_vs_batchnorm'])} seeds, the geometric mean of those ratios, "
+        "time ratio NormProp / BatchNorm pairs the epochs round by round: per seed, the median over its "
+        "timed rounds (after the warm-up) of NormProp's training seconds over BatchNorm's in the same round, "
+        f"which no single disturbed round decides; over the {int(r['seeds_vs_batchnorm'])} seeds, the geometric "
+        "mean of those ratios, "
         f"{float(r['ratio_vs_batchnorm']):.3f}. The verdict on C6 reads the same quantity (its effect is "
         f"1 - ratio = {1.0 - float(r['ratio_vs_batchnorm']):.3f}, with a t interval over seeds on the log of "
         "the per-seed ratios). The seconds per epoch above are medians of all runs' timed epochs pooled; "

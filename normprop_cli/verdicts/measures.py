@@ -232,8 +232,8 @@ def c6_timing(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     if not len(table):
         raise NotMeasured("rounds.csv pairs no complete NormProp and BatchNorm runs' epochs in a timed round")
     devices, dataset = sorted(runs["device"].astype(str).unique()), prov.get("dataset", sweep.name)
-    notes = ["normprop / baseline = seconds per training epoch (per seed the geometric mean over its rounds "
-             f"paired by round, {int(table['rounds'].sum())} in all; mean over seeds)"]  # fmt: skip
+    notes = ["normprop / baseline = seconds per training epoch (per seed the median over its rounds paired by "
+             f"round, {int(table['rounds'].sum())} in all; mean over seeds)"]  # fmt: skip
     if any(not d.startswith("cuda") for d in devices) or dataset != "cifar10":
         notes.append(
             f"{'/'.join(d.upper() if d == 'cpu' else d for d in devices)} seconds on {dataset}: not "

@@ -6,12 +6,13 @@ shared machine then falls on every method of a round alike. A round pairs two me
 where both epochs are timed (after the warm-up), finite, and had their turns from the same command
 (`process`: a round finished by another command after a kill is not a pair).
 
-    pairs = paired_seconds(rounds, "normprop", "batchnorm")   # seed, rounds, normprop, baseline
+    pairs = paired_seconds(rounds, "normprop", "batchnorm")   # seed, rounds, ratio, normprop, baseline
     ratio, seeds, n = paired_ratio(rounds, "normprop", "batchnorm")
 
-A seed's paired ratio is the geometric mean over its paired rounds of method / base seconds, which
-is the ratio of the two methods' geometric mean seconds over those rounds; the ratio over seeds is
-the geometric mean of the seeds' ratios, and C6's effect is 1 - it (rule.speedup on paired_seconds).
+A seed's paired ratio is the median over its paired rounds of the round's method / base seconds: with
+three or more rounds no single disturbed round (a slow spell that hit one method's turn and not the
+other's) decides it, where a mean over rounds follows it. The ratio over seeds is the geometric mean of
+the seeds' ratios, and C6's effect is 1 - it (rule.speedup on paired_seconds).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ ROUND_COLUMNS = ["run", "method", "seed", "round", "position", "order", "process
                  "finished"]  # fmt: skip
 PAIR = ["seed", "round", "process"]  # what two methods' epochs share to be a pair
 TEST = (
-    "paired t over seeds on log(BatchNorm / NormProp seconds per epoch), each seed's ratio the geometric mean "
-    "over its timed rounds of BatchNorm's / NormProp's train_seconds in the same round (the methods' epochs "
-    "interleaved in a shuffled order); mapped back to 1 - ratio"
+    "one-sample t over seeds on log(BatchNorm / NormProp seconds per epoch), each seed's ratio the median over "
+    "its timed rounds of NormProp's / BatchNorm's train_seconds in the same round (the methods' epochs "
+    "interleaved in a shuffled order); mapped back to 1 - the geometric mean ratio"
 )
 
 
@@ -45,18 +46,19 @@ def usable(rounds: pd.DataFrame, runs=None) -> pd.DataFrame:
 
 
 def paired_seconds(rounds: pd.DataFrame, method: str, base: str, runs=None) -> pd.DataFrame:
-    """seed, rounds, normprop, baseline: per seed, the number of rounds in which both `method` and
-    `base` have a usable epoch, and the geometric means over those rounds of `method`'s seconds
-    (the `normprop` column) and of `base`'s (`baseline`). Seeds with no such round are left out."""
+    """seed, rounds, ratio, normprop, baseline: per seed, the number of rounds in which both `method`
+    and `base` have a usable epoch, the median over those rounds of the round's `method` / `base`
+    seconds (`ratio`), and each one's median seconds over them (`normprop` for `method`, `baseline`
+    for `base`). Seeds with no such round are left out."""
     t = usable(rounds, runs)
     one = lambda m: t.loc[t["method"] == m, [*PAIR, "train_seconds"]]  # noqa: E731
     pairs = one(method).merge(one(base), on=PAIR, suffixes=("_m", "_b"))
-    columns = ["seed", "rounds", "normprop", "baseline"]
+    columns = ["seed", "rounds", "ratio", "normprop", "baseline"]
     if not len(pairs):
         return pd.DataFrame(columns=columns)
-    logs = pairs.assign(m=np.log(pairs["train_seconds_m"]), b=np.log(pairs["train_seconds_b"]))
-    g = logs.groupby("seed")
-    out = pd.DataFrame({"rounds": g.size(), "normprop": np.exp(g["m"].mean()), "baseline": np.exp(g["b"].mean())})
+    g = pairs.assign(ratio=pairs["train_seconds_m"] / pairs["train_seconds_b"]).groupby("seed")
+    out = pd.DataFrame({"rounds": g.size(), "ratio": g["ratio"].median(), "normprop": g["train_seconds_m"].median(),
+                        "baseline": g["train_seconds_b"].median()})  # fmt: skip
     return out.reset_index()[columns]
 
 
@@ -66,5 +68,5 @@ def paired_ratio(rounds: pd.DataFrame, method: str, base: str, runs=None) -> tup
     p = paired_seconds(rounds, method, base, runs)
     if not len(p):
         return math.nan, 0, 0
-    ratio = float(np.exp((np.log(p["normprop"]) - np.log(p["baseline"])).mean()))
+    ratio = float(np.exp(np.log(p["ratio"].to_numpy(dtype=float)).mean()))
     return ratio, len(p), int(p["rounds"].sum())

@@ -14,10 +14,13 @@ NIN's width), so that the last runs to finish are short ones. The order changes 
 each one is deterministic from its seed and its worker's thread count, which its own experiment's
 `jobs` sets as in engine.parallel.
 
-With it the worker takes every waiting run of the same trajectory (runs.trajectory: another
-experiment's run of the same config, seed and threads, but for its epochs and what it observes): it
-trains the one with the most epochs, and the others ride along it (trainer.train_together), so that no
-trajectory is trained twice. A run handed in after its trajectory's training began trains on its own.
+Which runs train one trajectory (runs.trajectory: runs of several experiments with the same config, seed
+and threads, but for their epochs and what they observe) is the plan's (Plan), made from the runs every
+experiment will hand in before any is handed out: a run of a planned trajectory waits until each run of it
+is in, then one worker trains the one with the most epochs and the others ride along it
+(trainer.train_together), so that no trajectory of the plan is trained twice, whatever the timing. A run
+the plan cannot foresee (the rates of a sweep's reported runs are known only once the sweep ran) trains
+alone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import multiprocessing
 import queue
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -39,7 +42,7 @@ from normprop_cli import device as devices
 from normprop_cli.engine.cost import run_cost
 from normprop_cli.engine.parallel import Observers, plain, report, serve, stop_unfinished, worker_threads
 from normprop_cli.engine.progress import QuietProgress
-from normprop_cli.engine.runs import RunSpec, say, trajectory
+from normprop_cli.engine.runs import RunSpec, run_dir, say, trajectory
 from normprop_cli.errors import UserError
 
 TURN = threading.Lock()  # held by the experiment thread whose own code runs (module docstring)
@@ -57,7 +60,36 @@ class Task:
     spec: RunSpec = field(compare=False)
     threads: int = field(compare=False)
     observers: bytes = field(compare=False)
-    trajectory: str | None = field(compare=False, default=None)  # runs.trajectory: None trains alone
+    experiment: str = field(compare=False)
+    trajectory: str | None = field(compare=False, default=None)  # the plan's trajectory: None trains alone
+
+
+def where(spec: RunSpec) -> str:
+    return str(run_dir(spec.cfg, spec.name))
+
+
+@dataclass
+class Plan:
+    """The trajectories two or more runs train (module docstring), each as its runs' directories, and the
+    experiment that hands in each of those runs."""
+
+    groups: dict[str, set[str]] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, grids: Mapping[str, tuple[Sequence[RunSpec], int]]) -> Plan:
+        """From each experiment's runs and the CPU threads they train on."""
+        members: dict[str, dict[str, str]] = {}
+        for experiment, (specs, threads) in grids.items():
+            for spec in specs:
+                if (key := trajectory(spec, threads)) is not None:
+                    members.setdefault(key, {})[where(spec)] = experiment
+        plan = cls()
+        for key, runs in members.items():
+            if len(runs) > 1:
+                plan.groups[key] = set(runs)
+                plan.owner |= runs
+        return plan
 
 
 def weight(spec: RunSpec) -> float:
@@ -77,9 +109,9 @@ def priority(spec: RunSpec) -> tuple:
 
 class Pool:
     """`workers` worker processes on `device` and the thread that feeds them (module docstring), started
-    with the first runs handed in."""
+    with the first runs handed in; `experiments` hand in runs, those of `plan` among them."""
 
-    def __init__(self, workers: int, device: str) -> None:
+    def __init__(self, workers: int, device: str, plan: Plan | None = None, experiments: Sequence[str] = ()) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.results = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(workers)]
@@ -89,6 +121,12 @@ class Pool:
         ]
         self.mutex = threading.Lock()
         self.waiting: list[Task] = []  # a heap, by priority
+        self.held: list[Task] = []  # runs of a planned trajectory whose other runs are not all in yet
+        plan = plan or Plan()
+        self.expected = {key: set(runs) for key, runs in plan.groups.items()}  # runs of the plan not yet in
+        self.planned = {run: key for key, runs in plan.groups.items() for run in runs}
+        self.owner = dict(plan.owner)
+        self.live = set(experiments)  # experiments that may still hand in runs
         self.running: dict[int, list[Task]] = {}  # worker -> its tasks: one run, or one trajectory's (_together)
         self.idle = list(range(workers))
         self.dead: set[int] = set()
@@ -105,7 +143,9 @@ class Pool:
             p.start()
         self.router.start()
 
-    def submit(self, todo: Sequence[RunSpec], observers: Observers, threads: int) -> tuple[int, queue.Queue]:
+    def submit(
+        self, todo: Sequence[RunSpec], observers: Observers, threads: int, experiment: str = ""
+    ) -> tuple[int, queue.Queue]:
         """Queue `todo`'s runs; the mailbox that gets one message per run: (kind, name, payload)."""
         pickled = cloudpickle.dumps(observers)
         ranks = [priority(spec) for spec in todo]  # reads manifests: before the router's lock
@@ -118,11 +158,39 @@ class Pool:
             batch, box = next(self.count), queue.Queue()
             self.mailboxes[batch] = box
             for spec, rank, key in zip(todo, ranks, keys, strict=True):
-                task = Task(rank, next(self.count), batch, spec, threads, pickled, key)
-                heapq.heappush(self.waiting, task)
+                planned = self.planned.pop(where(spec), None)
+                if planned is not None:
+                    self.expected[planned].discard(where(spec))
+                # a run the plan did not foresee, or not as it is now (no longer fresh), trains alone
+                task = Task(rank, next(self.count), batch, spec, threads, pickled, experiment,
+                            key if key == planned else None)  # fmt: skip
                 self.open_tasks[(batch, spec.name)] = task
+                if task.trajectory is None:
+                    heapq.heappush(self.waiting, task)
+                else:
+                    self.held.append(task)
+            self._release()
             self._dispatch()
         return batch, box
+
+    def ended(self, experiment: str) -> None:
+        """`experiment` hands in no more runs: the plan's runs of it that are not in will not come."""
+        with self.mutex:
+            self.live.discard(experiment)
+            for run in [run for run, owner in self.owner.items() if owner == experiment]:
+                if (key := self.planned.pop(run, None)) is not None:
+                    self.expected[key].discard(run)
+            if not self.closed:
+                self._release()
+                self._dispatch()
+
+    def _release(self) -> None:  # under self.mutex
+        """Queue the held runs whose trajectory has every planned run in."""
+        ready = [t for t in self.held if not self.expected[t.trajectory]]
+        if ready:
+            self.held = [t for t in self.held if self.expected[t.trajectory]]
+            for task in ready:
+                heapq.heappush(self.waiting, task)
 
     def unfinished(self) -> list[RunSpec]:
         with self.mutex:
@@ -149,19 +217,27 @@ class Pool:
             box.put(("closed", "", why))
 
     def _dispatch(self) -> None:  # under self.mutex
+        if self.held and not self.waiting and not self.running and self.live <= self._waiting_experiments():
+            # Every experiment waits for its runs and only held ones are left: a planned run still out will
+            # not come before they train (its experiment hands it in after them), so they go as they are.
+            for task in self.held:
+                self.expected[task.trajectory].clear()
+            self._release()
         while self.idle and self.waiting:
             k, tasks = self.idle.pop(0), self._together(heapq.heappop(self.waiting))
             self.running[k] = tasks
             self.inboxes[k].put(([(plain(t.spec), t.observers) for t in tasks], tasks[0].threads))
-        if not self.waiting or len(self.dead) < len(self.procs):
+        if not (self.waiting or self.held) or len(self.dead) < len(self.procs):
             return
-        while self.waiting:  # no worker left to train them
-            task = heapq.heappop(self.waiting)
+        for task in [*self.waiting, *self.held]:  # no worker left to train them
             self._answer(task, ("dead", task.spec.name, None))
+        self.waiting, self.held = [], []
+
+    def _waiting_experiments(self) -> set[str]:  # under self.mutex
+        return {t.experiment for t in self.open_tasks.values()}
 
     def _together(self, task: Task) -> list[Task]:  # under self.mutex
-        """`task` and every waiting task of its trajectory (another experiment's run of the same config,
-        seed and threads, with its own epochs and observers), the one with the most epochs first: one
+        """`task` and every waiting task of its planned trajectory, the one with the most epochs first: one
         worker trains that one, and the others ride along it (trainer.train_together)."""
         if task.trajectory is None:
             return [task]
@@ -223,10 +299,10 @@ def active() -> Pool | None:
 
 
 @contextmanager
-def opened(workers: int, device: str) -> Iterator[Pool]:
-    """A pool for the grids run inside the block; closed at its end."""
+def opened(workers: int, device: str, plan: Plan | None = None, experiments: Sequence[str] = ()) -> Iterator[Pool]:
+    """A pool for the grids run inside the block (Pool); closed at its end."""
     global _active
-    pool = Pool(workers, device)
+    pool = Pool(workers, device, plan, experiments)
     _active = pool
     try:
         yield pool
@@ -239,7 +315,7 @@ def run_shared(pool: Pool, cfg: DictConfig, todo: Sequence[RunSpec], observers: 
     """engine.parallel.run_pool's work in the shared pool: train `todo`, one line per finished run. The
     calling thread holds TURN and lets it go while it waits."""
     specs, done, lost = {s.name: s for s in todo}, set(), []
-    batch, box = pool.submit(todo, observers, worker_threads(int(cfg.jobs)))
+    batch, box = pool.submit(todo, observers, worker_threads(int(cfg.jobs)), str(cfg.experiment.name))
     problem = None
     TURN.release()
     try:

@@ -9,6 +9,10 @@ the threads take turns at the parent's own work (engine.pool.TURN), so configs, 
 figures are made one experiment at a time, exactly as one after another. Every run trains as it would
 in `normprop run EXPERIMENT`: the same config, seed and threads, so the same numbers.
 
+Before the pool starts, the plan (engine.pool.Plan) names the runs of several experiments that train one
+trajectory, from the grids the experiments will hand in: each such trajectory trains once, with the others
+riding along, whichever experiment hands its run in first.
+
 The first experiment that fails (a one-line error, a crashed run) stops the others: the pool's workers
 are stopped, every run keeps its finished epochs, and the command exits as that experiment would have.
 Ctrl-C does the same and lists the runs left unfinished.
@@ -23,9 +27,10 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli.engine import pool
-from normprop_cli.engine.parallel import stop_unfinished
+from normprop_cli.engine import expand_grid, pool
+from normprop_cli.engine.parallel import stop_unfinished, worker_threads
 from normprop_cli.engine.runs import say
+from normprop_cli.errors import UserError
 from normprop_cli.experiments.base import EXPERIMENTS
 
 Run = Callable[[DictConfig], None]  # runs one experiment's config, saying when it starts and ends
@@ -37,6 +42,23 @@ def shared(cfgs: Sequence[DictConfig]) -> bool:
     return any(int(c.jobs) > 1 for c in training) and all(
         OmegaConf.select(c, "launcher.name", default="none") == "none" for c in cfgs
     )
+
+
+def plan(cfgs: Sequence[DictConfig]) -> pool.Plan:
+    """Which of these experiments' runs train one trajectory (engine.pool.Plan), from the runs they will hand
+    the pool that are known before anything trains: the grid (engine.expand_grid) of each experiment that
+    trains in worker processes and has no learning-rate sweep (a sweep's choice sets its runs' rates)."""
+    grids = {}
+    for cfg in cfgs:
+        name = str(cfg.experiment.name)
+        if not EXPERIMENTS[name].trains or cfg.experiment.get("lr_sweep") is not None:
+            continue
+        if int(cfg.get("jobs") or 1) > 1:
+            try:
+                grids[name] = (expand_grid(cfg), worker_threads(int(cfg.jobs)))
+            except UserError:  # the experiment's own run says so, as it would alone
+                continue
+    return pool.Plan.of(grids)
 
 
 def run_all(cfgs: Sequence[DictConfig], run: Run, workers: int) -> None:
@@ -63,9 +85,12 @@ def run_all(cfgs: Sequence[DictConfig], run: Run, workers: int) -> None:
         except BaseException as exc:  # noqa: BLE001  (SystemExit of a run's worker too: the main thread raises it)
             errors.append(exc)
             shared_pool.close(f"{cfg.experiment.name} stopped")
+        finally:
+            shared_pool.ended(str(cfg.experiment.name))
 
     began = time.perf_counter()
-    with pool.opened(workers, str(rest[0].device)) as shared_pool:
+    names = [str(c.experiment.name) for c in rest]
+    with pool.opened(workers, str(rest[0].device), plan(rest), names) as shared_pool:
         threads = [threading.Thread(target=body, args=(c,), name=c.experiment.name, daemon=True) for c in rest]
         for t in threads:
             t.start()

@@ -135,7 +135,8 @@ def _state_bytes(model_yaml: str, num_classes: int, in_channels: int) -> int:
     data.num_classes, data.in_channels = num_classes, in_channels
     torch.manual_seed(0)
     model = build_model(OmegaConf.create(model_yaml), data, 1)  # a renorm schedule's steps: no parameters
-    state = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    tensors = [v for v in model.state_dict().values() if torch.is_tensor(v)]  # an oracle's extra state is a dict
+    state = sum(v.numel() * v.element_size() for v in tensors)
     momentum = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return state + momentum
 

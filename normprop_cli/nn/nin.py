@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from . import normalizers as nz
 from . import online  # noqa: F401  (declares its methods)
 from .folded import fold_layers
-from .layers import JACOBIAN_MODES, NormPropConv2d, NormPropLayer
+from .layers import JACOBIAN_MODES, NormPropLayer
 from .methods import NORMS, register_method
-from .oracle import SigmaOracle, SigmaOracleConv2d
+from .oracle import SigmaOracle, normprop_conv, oracle_every, variant_options, variant_problem
 from .stats import ACTIVATIONS, PARAMETRIC
 
 # C(filters, size, stride, pad) and P(kernel, stride, pad, mode); "K" = number of classes.
@@ -38,13 +38,13 @@ ARCHITECTURE = (
 )
 
 
-def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", sigma_oracle=False, **_) -> nn.Module:
-    conv = SigmaOracleConv2d if sigma_oracle else NormPropConv2d  # model.sigma_oracle_every (nn.oracle)
+def _normprop_block(i, o, k, s, p, activation="relu", jacobian="divide", **variant) -> nn.Module:
+    conv = normprop_conv(**{v: variant.get(v, False) for v in VARIANTS})  # the oracles, centring (nn.oracle)
     return conv(i, o, k, s, p, activation=activation, jacobian=jacobian)
 
 
-def _normprop_classifier(i, o, k, s, p, jacobian="divide", sigma_oracle=False, **_) -> nn.Module:
-    conv = SigmaOracleConv2d if sigma_oracle else NormPropConv2d
+def _normprop_classifier(i, o, k, s, p, jacobian="divide", **variant) -> nn.Module:
+    conv = normprop_conv(**{v: variant.get(v, False) for v in VARIANTS})
     return conv(i, o, k, s, p, activation=None, jacobian=jacobian)
 
 
@@ -55,6 +55,9 @@ def _normprop_classifier(i, o, k, s, p, jacobian="divide", sigma_oracle=False, *
 register_method("normprop-icml", "NormProp (ICML)", norm="normprop", block=_normprop_block,
                 classifier=_normprop_classifier, model={"jacobian": "divide"})  # fmt: skip
 register_method("normprop-arxiv", "NormProp (arXiv)", norm="normprop", model={"jacobian": "init"})
+# each filter centred before its norm is taken (nn/centred.py); the ICML form otherwise
+register_method("normprop-centred", "NormProp, centred filters", norm="normprop",
+                model={"jacobian": "divide", "center": True})  # fmt: skip
 register_method("normprop-icml-own-classifier", "NormProp (ICML), own classifier", norm="normprop",
                 model={"jacobian": "divide", "classifier": "own"})  # fmt: skip
 
@@ -73,6 +76,8 @@ class NINConfig:
     freeze_affine: bool = False  # gamma and beta (NormProp's, a norm layer's weight and bias) stay at their init
     sigma_oracle_every: int = 0  # > 0: NormProp divides by sqrt(W_i^T Sigma W_i) / sigma (nn.oracle), Sigma
     # refreshed on a held-out batch every this many training steps; 0: off (NormProp's ||W_i||)
+    mean_oracle_every: int = 0  # > 0: NormProp subtracts W_i^T m, m the held-out input patches' mean (nn.oracle)
+    center: bool = False  # each filter centred on its own mean before its norm is taken (nn.centred)
 
     @classmethod
     def from_dict(cls, options: dict) -> NINConfig:
@@ -101,14 +106,11 @@ class NINConfig:
             return f"model.classifier={self.classifier} is not known; use one of {', '.join(CLASSIFIERS)}"
         if self.data_init and self.norm != "weightnorm":
             return "model.data_init=true is weight normalisation's; drop it or use model.norm=weightnorm"
-        if not isinstance(self.sigma_oracle_every, int) or self.sigma_oracle_every < 0:
-            return f"model.sigma_oracle_every must be a whole number, 0 or more, got {self.sigma_oracle_every}"
-        if self.sigma_oracle_every and self.norm != "normprop":
-            return "model.sigma_oracle_every is NormProp's (its division by ||W_i||); use model.norm=normprop or 0"
-        return None
+        return variant_problem(self)
 
 
 CLASSIFIERS = ("own", "plain")
+VARIANTS = ("sigma_oracle", "mean_oracle", "center")  # NormProp's block options (oracle.variant_options)
 
 
 def feature_sizes(image_size: int = 32) -> list[tuple[str, int]]:
@@ -183,8 +185,7 @@ class NIN(nn.Module):
         factories, width, norm = NORMS[config.norm], config.width, config.norm
         options = {"activation": config.activation, "jacobian": config.jacobian, "width": width,
                    "renorm": dict(config.renorm)}  # fmt: skip
-        if config.sigma_oracle_every:  # only then: the other norms' factories never see the option
-            options["sigma_oracle"] = True
+        options |= variant_options(config)  # only those set: the other norms' factories never see them
         layers, channels, n_conv, n_pool = [], in_channels, 0, 0
         for kind, *spec in ARCHITECTURE:
             if kind == "P":
@@ -212,8 +213,8 @@ class NIN(nn.Module):
         self.config, self.norm, self.num_classes, self.activation = config, norm, num_classes, config.activation
         self.data_init = config.data_init  # weightnorm: Salimans and Kingma's initialisation, `initialize`
         self._folded = [m for m in self.features if isinstance(m, NormPropLayer) and m.folded_path]
-        if config.sigma_oracle_every:  # the held-out batch and the refresh before every n-th training step
-            self.sigma_oracle = SigmaOracle(config.sigma_oracle_every)
+        if oracle_every(config):  # the held-out batch and the refresh before every n-th training step
+            self.sigma_oracle = SigmaOracle(oracle_every(config))
             self.register_forward_pre_hook(self.sigma_oracle.before_forward)
 
     def initialize(self, x: Tensor) -> None:
@@ -246,13 +247,9 @@ class NIN(nn.Module):
                 f"NIN takes images of at least {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE} (its pooling leaves nothing of "
                 f"a smaller one), got {x.shape[-2]}x{x.shape[-1]}; resize or pad the input (e.g. to 32x32)"
             )
-        if self._folded and self._folded[0]._folded_ok(x):
-            shares = fold_layers(self._folded, self._roads(x))  # eq. 11, all layers at once
-            for layer, share in zip(self._folded, shares, strict=True):
-                layer._fold_next(share)
-        try:
+        if not (self._folded and self._folded[0]._folded_ok(x)):
             return self.features(x).flatten(1)
-        except BaseException:
-            for layer in self._folded:  # no share outlives this call
-                layer.__dict__.pop("_share", None)
-            raise
+        folds = dict(zip(self._folded, fold_layers(self._folded, self._roads(x)), strict=True))  # eq. 11, all at once
+        for m in self.features:
+            x = m(x, fold=folds[m]) if m in folds else m(x)  # through __call__: every hook sees the layer's input
+        return x.flatten(1)

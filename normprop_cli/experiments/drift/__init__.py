@@ -68,6 +68,7 @@ from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, se
 from normprop_cli.experiments.drift.affine import AFFINE_COLUMNS, AffineProbe, final_change
 from normprop_cli.experiments.drift.figures import plot
 from normprop_cli.experiments.drift.findings import headlines, paragraphs
+from normprop_cli.experiments.drift.moments import MOMENTS_COLUMNS, MomentsProbe
 from normprop_cli.experiments.drift.oracle import ORACLE_COLUMNS, SigmaOracleFeed
 from normprop_cli.experiments.drift.spread import (
     SPREAD_COLUMNS,
@@ -85,10 +86,12 @@ from normprop_cli.experiments.probes import PopulationProbe
 
 __all__ = [
     "AFFINE_COLUMNS",
+    "MOMENTS_COLUMNS",
     "ORACLE_COLUMNS",
     "SPREAD_COLUMNS",
     "AffineProbe",
     "MapMoments",
+    "MomentsProbe",
     "SigmaOracleFeed",
     "SpreadProbe",
     "StepProbe",
@@ -103,11 +106,16 @@ __all__ = [
 ]
 
 
+def has_oracle(cfg: DictConfig) -> bool:
+    """Does the run's model hold an oracle (nn/oracle.py) that needs its held-out batch?"""
+    return bool(cfg.model.get("sigma_oracle_every") or cfg.model.get("mean_oracle_every"))
+
+
 @experiment("drift", plot=plot, headlines=headlines, paragraphs=paragraphs)
 def run(cfg: DictConfig) -> Path:
     if cfg.experiment.get("lr_sweep") is not None:
         kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
-        feed = lambda spec: [SigmaOracleFeed(spec.cfg)] if spec.cfg.model.get("sigma_oracle_every") else []  # noqa: E731
+        feed = lambda spec: [SigmaOracleFeed(spec.cfg)] if has_oracle(spec.cfg) else []  # noqa: E731
         cfg = with_rates(cfg, choose_rates(cfg, method=kind, label=kind_label, observers=feed))
     specs = expand_grid(cfg)
     positions, images = int(cfg.experiment.patch_positions), int(cfg.experiment.patch_images)
@@ -115,11 +123,16 @@ def run(cfg: DictConfig) -> Path:
 
     def observers(spec) -> list:
         c = spec.cfg  # the Sigma-oracle's held-out batch first: every probe sees the oracle's division
-        out = [SigmaOracleFeed(c)] if c.model.get("sigma_oracle_every") else []
-        out += [SpreadProbe(positions, images), PopulationProbe()] + [AffineProbe()] * affine_probe
+        out = [SigmaOracleFeed(c)] if has_oracle(c) else []
+        spread = c.experiment.get("spread_probe", True)  # the costliest probe; a setting may go without it
+        moments = bool(c.experiment.get("moments_probe"))
+
+        def epoch_probes() -> list:
+            return [SpreadProbe(positions, images)] * spread + [PopulationProbe()] + [MomentsProbe()] * moments
+
+        out += epoch_probes() + [AffineProbe()] * affine_probe
         every = int(c.experiment.get("probe_every_steps") or 0)
-        return out + ([StepProbe(SpreadProbe(positions, images), every), StepProbe(PopulationProbe(), every)]
-                      if every else [])  # fmt: skip
+        return out + ([StepProbe(p, every) for p in epoch_probes()] if every else [])
 
     manifests = run_sweep(cfg, specs, observers=observers)
     width = {"width": "model.width"}
@@ -130,7 +143,8 @@ def run(cfg: DictConfig) -> Path:
     run_tables.write(cfg, "population", population)
     if affine is not None:
         run_tables.write(cfg, "affine", affine)
-    for name in (SigmaOracleFeed.name, f"{SpreadProbe.name}_steps", f"{PopulationProbe.name}_steps"):
+    steps = (f"{SpreadProbe.name}_steps", f"{PopulationProbe.name}_steps", f"{MomentsProbe.name}_steps")
+    for name in (SigmaOracleFeed.name, MomentsProbe.name, *steps):
         found = run_tables.gather(specs, name, width)
         if len(found):  # only where the grid has the Sigma-oracle or in-epoch probes
             run_tables.write(cfg, name, found)

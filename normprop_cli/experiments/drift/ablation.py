@@ -30,6 +30,10 @@ ABLATIONS = {
     ("train.data_norm", "zca"): ("zca", "on ZCA-whitened input", "correlated (not whitened) input"),
     ("model.sigma_oracle_every", POSITIVE): ("sigma-oracle", "with the Sigma-oracle divisor",
                                              "the division by ||W_i||, blind to the input's covariance"),
+    ("model.mean_oracle_every", POSITIVE): ("mean-oracle", "with the mean oracle",
+                                            "the pre-activation mean W_i^T E[x], left to the fixed c2"),
+    ("model.center", True): ("centred", "with centred filters",
+                             "uncentred filters, whose W_i^T E[x] moves with the filter's sum"),
     (RATE_SCALE, 0.5): ("half-rate", "at half its swept rate", "the swept rate (halved here)"),
     (RATE_SCALE, 2.0): ("double-rate", "at twice its swept rate", "the swept rate (doubled here)"),
 }  # fmt: skip

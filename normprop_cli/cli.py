@@ -26,6 +26,13 @@ ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Train nothing: write plan.csv (runs, steps, time, disk).")]
 StepTimesCsv = Annotated[Path | None, typer.Option(envvar="NORMPROP_STEP_TIMES", help="Step times (CSV) for the plan.")]
 Deterministic = Annotated[bool, typer.Option("--deterministic", help="Deterministic algorithms, no TF32 (slower).")]
+AllowDirty = Annotated[
+    bool,
+    typer.Option(
+        "--allow-dirty",
+        help="Train reported runs from a checkout with uncommitted changes, recording a hash of the diff.",
+    ),
+]
 
 
 def user_errors(command):
@@ -137,10 +144,12 @@ def run(
         typer.Option(help="none | local | slurm: where the runs go (submitit; settings: launcher.KEY=VALUE)."),
     ] = None,
     deterministic: Deterministic = False,
+    allow_dirty: AllowDirty = False,
     dry_run: DryRun = False,
     step_times: StepTimesCsv = None,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
+    from normprop_cli.engine import ledger
     from normprop_cli.experiments import EXPERIMENTS
 
     if seeds is not None and seeds < 1:
@@ -164,6 +173,8 @@ def run(
         launcher=launcher,
         deterministic=deterministic or None,
     )
+    if not dry_run:  # before anything is said or written: reported runs come from committed code
+        ledger.check_clean([Path(cfg.results_dir)], allow_dirty)
     if dry_run or not quiet:  # the plan (experiments.plan): its estimate line, or plan.csv instead of training
         plan_lines([(cfg, EXPERIMENTS[experiment].trains)], step_times, cfg.device, write=dry_run)
         if dry_run:
@@ -291,6 +302,7 @@ def reproduce_all(
     download: Annotated[bool, typer.Option("--download", help="Fetch a missing data set.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="One line per finished run.")] = False,
     deterministic: Deterministic = False,
+    allow_dirty: AllowDirty = False,
     dry_run: DryRun = False,
     step_times: StepTimesCsv = None,
 ) -> None:
@@ -303,13 +315,15 @@ def reproduce_all(
         cfgs = configs(preset, dataset, device=device, data_dir=data_dir, results_dir=results_dir)
         return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True)
     from normprop_cli import readme
-    from normprop_cli.engine import tally
+    from normprop_cli.engine import ledger, tally
     from normprop_cli.experiments import EXPERIMENTS, together
     from normprop_cli.report import write_report
 
+    root = config.root(preset)
+    ledger.check_clean([Path(results_dir or root.results_dir)], allow_dirty)  # before anything is written
     start = time.perf_counter()
     tally.reset()
-    listed = config.root(preset).preset.get("experiments")  # a preset may name its own
+    listed = root.preset.get("experiments")  # a preset may name its own
     cfgs = [
         compose(
             experiment,

@@ -23,8 +23,9 @@ from normprop_cli.errors import UserError
 from normprop_cli.experiments import EXPERIMENTS, grid
 from normprop_cli.experiments.plateau import plateau_section
 from normprop_cli.statistics import format_ci, markdown
+from normprop_cli.verdicts import ledger as rule_ledger
 from normprop_cli.verdicts import provenance, result_dirs
-from normprop_cli.verdicts.budget_text import budget_section
+from normprop_cli.verdicts.budget_text import budget_section, methods_text
 from normprop_cli.verdicts.departures import augmentation, departures  # noqa: F401 (augmentation: report's API)
 from normprop_cli.verdicts.robustness import robustness_text
 from normprop_cli.verdicts.shared import statement
@@ -264,7 +265,7 @@ def verdicts_section(trees: list[Tree], root: Path) -> list[str]:
     lines += statement([(n, t.path) for n, t in zip(names, trees, strict=True)], EXPERIMENTS, verdicts.claims())
     for tree in trees:
         lines += [f"### {label(tree.path, root, tree.preset)}", "", *verdict_table(tree.frame)]
-    return lines + ["### How a verdict is reached", "", verdicts.rule_text(), ""]
+    return lines + ["### How a verdict is reached", "", methods_text(verdicts.rule_text()), ""]
 
 
 # ---- the experiments' sections ----------------------------------------------------------------------
@@ -359,6 +360,7 @@ def write_report(results: Path) -> Path:
     trees, left_out = smoke.leave_out([Tree(path, verdicts.table(path)) for path in results_trees(results)], results)
     for tree in trees:
         verdicts.write_verdicts(tree.path, tree.frame)
+        rule_ledger.record(tree.path, tree.frame)  # before the sections that read it
     lines = [
         "# NormProp reproduction report",
         "",

@@ -26,7 +26,7 @@ from normprop_cli import io
 from normprop_cli.data import Dataset, make_data_norm, to_float
 from normprop_cli.data.augment import augment_batch, draw_augmentation
 from normprop_cli.device import describe, synchronize
-from normprop_cli.engine import lock
+from normprop_cli.engine import ledger, lock
 from normprop_cli.engine.riders import Rider, finish, observe
 from normprop_cli.engine.runs import (
     CHECKPOINT,
@@ -157,6 +157,8 @@ def train_together(
             held.enter_context(lock.hold(r.path, r.spec.name))
         path = run_dir(spec.cfg, spec.name)
         if all(read_manifest(p) is None for p in [path, *(r.path for r in riders)]):  # fresh, all of them
+            for r in riders:
+                ledger.keep_earlier(Path(r.spec.cfg.results_dir), r.path, None)
             with lock.hold(path, spec.name):
                 first = _train_locked(spec, path, data, device, progress, observers, riders)
             return [first, *(r.manifest for r in riders)]
@@ -180,6 +182,7 @@ def _train_locked(
         (path / PREVIOUS).unlink(missing_ok=True)  # left by a run that finished before finished runs dropped it
         return manifest
     check_same_config(spec, path)
+    ledger.keep_earlier(Path(cfg.results_dir), path, manifest)
 
     torch.manual_seed(spec.seed)
     run = make_run(cfg, data, device, observers)
@@ -209,6 +212,7 @@ def _train_locked(
             "device_name": describe(device),
             "deterministic": bool(cfg.get("deterministic", False)),  # --deterministic (device.prepare)
             "commit": commit(),
+            "diff_sha256": ledger.diff_hash(),  # what the code differs from that commit by (None: nothing)
             "versions": versions(),
             "host": _host(),
             "dataset_info": data.info,

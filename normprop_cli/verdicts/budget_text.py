@@ -171,12 +171,17 @@ def budget_section(tree: Path, root: Path, preset: str, experiments: list[str]) 
         out.append(f"**Tests changed after their results** ({name}): {', '.join(tests)}.")
     out += ["", *earlier.section(tree)]
     git = (begun or {}).get("git") or {}
+    found = budgets(tree, experiments)
     head = ["experiment", "the runs' own configs", "first result", "runs from uncommitted code",
             "budget or rule values changed after the first result (*git*, before the record)"]  # fmt: skip
     out += ["The budgets, as the runs' own config.yaml files give them (values with more than one run count "
             "say how many runs trained with each), and the runs whose manifest names a commit with uncommitted "
-            "changes (`+dirty`).", "", *markdown([budget_row(b, git) for b in budgets(tree, experiments)], head),
-            ""]  # fmt: skip
+            "changes (`+dirty`).", "", *markdown([budget_row(b, git) for b in found], head), ""]  # fmt: skip
+    dirty = [f"{b.experiment} ({b.dirty} of {b.every} runs{'' if b.hashed == b.dirty else ', no diff recorded'})"
+             for b in found if b.dirty]  # fmt: skip
+    if dirty:
+        out += [f"**Runs from uncommitted code** ({name}): {'; '.join(dirty)}. Where no diff was recorded, no commit "
+                "is known to hold the code that trained them.", ""]  # fmt: skip
     replaced = replaced_rows(tree)
     head = ["experiment", "when", "runs", "where the earlier run is", "the verdict before"]
     if replaced:

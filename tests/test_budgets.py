@@ -26,7 +26,7 @@ def test_the_budget_is_what_the_runs_configs_say_and_the_dirty_runs_are_counted(
     assert b.first_result == datetime(2026, 1, 1, 10, tzinfo=UTC)
     assert (b.dirty, b.hashed, b.dirty_commits) == (2, 1, {"abc1234+dirty"})
     row = budget_row(b, {"budgets": {"table1": {"changed_after": "c (date): `seeds` 2 -> 4"}}})
-    assert row[1] == "2 runs, seeds 0-1; `train.epochs` 6 (1 runs), 8 (1 runs); `model.width` 0.25"
+    assert row[1] == "2 runs, seeds 0-1; `train.epochs` 6 (1 run), 8 (1 run); `model.width` 0.25"
     assert row[3] == "2 of 3, sweep runs included (abc1234+dirty; 1 with a hash of the diff)"
     assert row[4] == "c (date): `seeds` 2 -> 4"
 

@@ -183,7 +183,7 @@ def retire(tree: Path, path: Path, why: str) -> dict | None:
         return None
     if not files or not manifest:
         return None
-    kept = Path(path) / HISTORY / str(len(history_dirs(path)) + 1)
+    kept = Path(path) / HISTORY / str(max((int(d.name) for d in history_dirs(path)), default=0) + 1)
     kept.mkdir(parents=True, exist_ok=True)
     for name, blob in files.items():
         (kept / name).write_bytes(blob)

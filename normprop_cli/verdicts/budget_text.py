@@ -132,7 +132,7 @@ def verdicts_text(rows: list[dict]) -> str:
 def budget_row(b: Budget, git: dict) -> list[str]:
     values = []
     for key, counts in b.values.items():
-        shown = ", ".join(f"{v}" + (f" ({n} runs)" if len(counts) > 1 else "") for v, n in counts.items())
+        shown = ", ".join(v + (f" ({n} run{'s' * (n != 1)})" if len(counts) > 1 else "") for v, n in counts.items())
         values.append(f"`{key}` {shown}")
     seeds = f"{b.runs} runs, seeds {min(b.seeds)}-{max(b.seeds)}" if b.seeds else "no runs"
     dirty = "none"

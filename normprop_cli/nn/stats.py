@@ -172,6 +172,9 @@ ACTIVATIONS: dict[str, Activation] = {
     "tanh": Activation(torch.tanh, breakpoints=()),
     "sigmoid": Activation(torch.sigmoid, breakpoints=()),
     "identity": Activation(_identity, closed_form=identity_stats),
+    # ablations (the activations experiment, claim C8): the function with ReLU's constants, not its own
+    "tanh_reluconst": Activation(torch.tanh, breakpoints=(), closed_form=relu_stats),
+    "sigmoid_reluconst": Activation(torch.sigmoid, breakpoints=(), closed_form=relu_stats),
 }
 PARAMETRIC = ("prelu",)  # statistics depend on a learnable slope: prelu_stats(slope)
 

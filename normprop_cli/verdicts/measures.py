@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 
 from normprop_cli import config
 from normprop_cli.statistics import format_ci
+from normprop_cli.verdicts.constants import c8_activations
 from normprop_cli.verdicts.divergence import summary_of, without_diverged
-from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, effect_series, epoch_note, paired_gaps, worst_per_seed
+from normprop_cli.verdicts.gaps import effect_series, epoch_note
 from normprop_cli.verdicts.readings import (  # noqa: F401 (NotMeasured, Measurement: this module's API)
     Measurement,
     NotMeasured,
@@ -284,43 +285,6 @@ def c7_theory(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )  # fmt: skip
 
 
-# ---- C8 (normprop run activations): gaps.py pairs NormProp and BatchNorm by seed and activation ------
-
-
-def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    """Per seed, the smallest over the activations other than ReLU of (NormProp minus BatchNorm with that
-    activation) minus (NormProp minus BatchNorm with ReLU): what leaving ReLU costs NormProp, apart from
-    how it compares with BatchNorm on ReLU (C5). paired_gaps and worst_per_seed read the
-    columns the runner writes."""
-    summary = read(sweep / "summary.csv", ["method", "activation", "seed", ACCURACY])
-    runs = finished(summary, ACCURACY)
-    gaps = paired_gaps(runs)
-    reference_runs = runs[(runs["method"] == "batchnorm") & (runs["activation"] == REFERENCE)]
-    worst = worst_per_seed(gaps)
-    if not len(worst):
-        raise NotMeasured(f"no seed with NormProp and BatchNorm runs of every activation, {REFERENCE} included")
-    table = pd.DataFrame({"seed": worst["seed"], "normprop": worst["gap"], "baseline": worst["reference_gap"]})
-    names = [a for a in dict.fromkeys(gaps["activation"]) if a != REFERENCE]
-    notes = [f"normprop / baseline = NormProp minus BatchNorm (pp) with the worst other activation / with "
-             f"{REFERENCE}, per seed"]  # fmt: skip
-    for name, g in gaps.groupby("activation", sort=False):  # where the worst case comes from
-        mean, low, high = t_interval(g["gap"])
-        notes.append(f"{name}: NormProp minus BatchNorm {format_ci(mean, low, high)} pp over {len(g)} seeds")
-    counts = worst["activation"].value_counts()
-    notes.append("the worst activation: " + ", ".join(f"{a} for {plural(n, 'seed')}" for a, n in counts.items()))
-    dropped = gaps["seed"].nunique() - len(worst)
-    if dropped:
-        notes.append(f"{plural(dropped, 'seed')} without a pair for every activation left out")
-    return Measurement(
-        table,
-        one_sample(+1),
-        "one-sample t on per-seed worst differences",
-        {"activations": "/".join(names), "reference": REFERENCE},
-        notes + learned_note(runs) + diverged_note(summary, "setting"),
-        error_of(reference_runs[reference_runs["seed"].isin(table["seed"])]),
-    )
-
-
 MEASURES = {
     "C1": c1_data_norm,
     "C2": c2_covariate_shift,
@@ -329,5 +293,5 @@ MEASURES = {
     "C5": c5_table1,
     "C6": c6_timing,
     "C7": c7_theory,
-    "C8": c8_activations,
+    "C8": c8_activations,  # verdicts.constants: two parts, both needed
 }

@@ -63,8 +63,9 @@ def gpu_check(
     tests: Annotated[bool, typer.Option("--tests/--no-tests", help="Run the CUDA tests first.")] = True,
     results_dir: Annotated[Path, typer.Option(help="Where results go (bench/gpu/ in it).")] = Path("results"),
 ) -> None:
-    """On a CUDA GPU: the CUDA tests, every method's step, syncs, memory, CPU agreement, a killed and resumed
-    run, the paper preset's projected time; results/bench/gpu/SUMMARY.md. Exit 0 when every item passes."""
+    """On a CUDA GPU: the CUDA tests, every method's step, syncs, memory, CPU agreement, the paired bench of what
+    runs use, kernels per step, --deterministic repeated, NormProp's two folds, the paper and gpu presets' projected
+    times, a killed and resumed run; results/bench/gpu/SUMMARY.md. Exit 0 when every item passes."""
     from normprop_cli.bench.gpu_check import run_gpu_check
     from normprop_cli.experiments.plan import project
 
@@ -72,7 +73,10 @@ def gpu_check(
     if budget <= 0:
         raise UserError(f"--budget must be > 0, got {budget}")
     paper = functools.partial(project, "paper")  # reproduce-all --preset paper at this GPU's step times
-    raise typer.Exit(run_gpu_check(results_dir=results_dir, methods=names, budget_s=budget, tests=tests, project=paper))
+    fashion = functools.partial(project, "gpu")  # and --preset gpu (Fashion-MNIST's 1x32x32 steps)
+    code = run_gpu_check(results_dir=results_dir, methods=names, budget_s=budget, tests=tests, project=paper,
+                         fashion_plan=fashion)  # fmt: skip
+    raise typer.Exit(code)
 
 
 def parse_methods(methods: str) -> tuple[str, ...] | None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from normprop_cli import config
-from normprop_cli.bench import gpu_check, gpu_items
+from normprop_cli.bench import gpu_bench, gpu_check, gpu_fold, gpu_items
 from normprop_cli.experiments import grid, plan
 
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run make gpu-check")
@@ -63,25 +63,49 @@ def one_run_plan(times, results_dir):
     return plan.table([plan.plan_experiment(cfg)], times, total=True)
 
 
+@pytest.fixture
+def small(monkeypatch):
+    """The bench's, the profile's, the repetition's and the fold's sizes cut to a few steps."""
+    monkeypatch.setattr(gpu_bench, "BENCH_STEPS", 3)
+    monkeypatch.setattr(gpu_bench, "PROFILE_BATCHES", (2,))
+    monkeypatch.setattr(gpu_bench, "REPEAT_STEPS", 3)
+    monkeypatch.setattr(gpu_bench, "REPEAT_BATCH", 2)
+    monkeypatch.setattr(gpu_fold, "ROUNDS", 3)
+    monkeypatch.setattr(gpu_fold, "STEPS", 3)
+    monkeypatch.setattr(gpu_fold, "BATCH_SIZES", (2,))
+
+
 @no_gpu_only
-def test_every_item_runs_on_the_cpu_and_the_summary_says_each_passed(tmp_path, on_the_cpu, monkeypatch):
+def test_every_item_runs_on_the_cpu_and_the_summary_says_each_passed(tmp_path, on_the_cpu, small, monkeypatch):
     resumed = gpu_items.Item("resume", True, "stood in for (its own test runs it)")
     monkeypatch.setattr(gpu_items, "resumed_run", lambda experiment, *a, **k: resumed)
     code = gpu_check.run_gpu_check(tmp_path, ("none", "normprop-icml"), budget_s=0.01, batch_sizes=(2,),
-                                   widths=(0.0625,), project=one_run_plan)  # fmt: skip
+                                   widths=(0.0625,), project=one_run_plan, fashion_plan=None,
+                                   precisions=("float32",))  # fmt: skip
     out = tmp_path / "bench" / "gpu"
     summary = (out / "SUMMARY.md").read_text()
     assert code == 0, summary
-    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.md", "bench.csv", "cuda_tests.txt", "plan.csv",
-                                                    "step_times.csv"]  # fmt: skip
-    for item in ("cuda-tests", "methods", "memory", "syncs", "cpu-agreement", "projection", "bench"):
+    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.md", "bench.csv", "cuda_tests.txt", "kernels.csv",
+                                                    "plan.csv", "step_times.csv"]  # fmt: skip
+    for item in ("cuda-tests", "methods", "memory", "syncs", "cpu-agreement", "bench", "kernels", "deterministic",
+                 "fold", "projection"):  # fmt: skip
         assert f"| {item} | pass |" in summary, item
     assert "9 passed in 3.10s (exit status 0)" in summary
     assert "- none: eager (the options ask for no CUDA graph)" in summary
     assert "largest relative loss gap 0.00e+00" in summary  # the CPU against itself
-    assert list(pd.read_csv(out / "bench.csv")["method"].unique()) == ["none", "normprop-icml"]
+    bench = pd.read_csv(out / "bench.csv")
+    assert list(bench["method"].unique()) == ["none", "normprop-icml"]
+    assert sorted(bench["shape"].unique()) == ["1x32x32", "3x32x32"] and set(bench["options"]) == {"channels_last"}
+    assert "| NormProp / BatchNorm at batch 50 | <= 1.00 | not measured | not measured |" in summary  # width 1 only
     assert pd.read_csv(out / "plan.csv")["experiment"].tolist() == ["table1", "total"]
-    assert set(pd.read_csv(out / "step_times.csv")["method"]) == {"normprop-icml"}
+    times = pd.read_csv(out / "step_times.csv")  # the plan's configurations, then the bench's it lacks
+    assert {(m, s) for m, s in zip(times["method"], times["shape"], strict=True)} >= {
+        ("normprop-icml", "3x32x32"),
+        ("none", "1x32x32"),
+        ("normprop-icml", "1x32x32"),
+    }
+    assert "two runs of each of 2 methods, 3 steps: the same losses bit for bit" in summary
+    assert "kernels per step at batch 2 (torch.profiler, top-level ATen ops): none " in summary
 
 
 @no_gpu_only
@@ -89,8 +113,8 @@ def test_the_time_cap_fails_the_items_it_leaves_out(tmp_path, on_the_cpu):
     code = gpu_check.run_gpu_check(tmp_path, ("none",), project=one_run_plan, cap_s=0.0)
     summary = (tmp_path / "bench" / "gpu" / "SUMMARY.md").read_text()
     assert code == 1
-    assert summary.count("| FAIL |") == 8 and "not run: the 0 s cap left 0 s" in summary
-    assert "**0 of 8 items passed** (exit status 1)" in summary
+    assert summary.count("| FAIL |") == 11 and "not run: the 0 s cap left 0 s" in summary
+    assert "**0 of 11 items passed** (exit status 1)" in summary
 
 
 def test_the_summary_gives_pass_or_fail_per_item_and_their_details():

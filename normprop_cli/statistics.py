@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -65,23 +66,43 @@ def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
 
 
-def welch(a: Iterable[float], b: Iterable[float], level: float = LEVEL) -> tuple[float, float, float, float]:
+class Difference(NamedTuple):
+    """A difference of two means, its interval and the two-sided p-value of no difference (welch)."""
+
+    diff: float
+    low: float
+    high: float
+    p: float
+
+
+def welch(
+    a: Iterable[float], b: Iterable[float], level: float = LEVEL, bounds: tuple[float, float] | None = None
+) -> Difference:
     """mean(a) - mean(b), its Welch interval at `level` (independent seeds, unequal variances) and the
     two-sided p-value. Non-finite values are left out; with fewer than 2 on a side the interval and p
-    are NaN; with no spread on either side the interval is the difference itself and p is NaN."""
+    are NaN; with no spread on either side the interval is the difference itself and p is NaN. Where the
+    difference has `bounds` (two accuracies in %: (-100, 100)), the interval is kept within them, and with
+    no spread on either side (an interval of no width) there is none: near-identical accuracies say nothing
+    about a difference."""
     from scipy.special import stdtr, stdtrit
 
     x, y = _finite(a), _finite(b)
     diff = float(x.mean() - y.mean()) if len(x) and len(y) else math.nan
     if len(x) < 2 or len(y) < 2:
-        return diff, math.nan, math.nan, math.nan
+        return Difference(diff, math.nan, math.nan, math.nan)
     vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
     if vx + vy == 0:
-        return diff, diff, diff, math.nan
-    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-    se = math.sqrt(vx + vy)
-    half = float(stdtrit(df, 0.5 + level / 2)) * se
-    return diff, diff - half, diff + half, float(2 * stdtr(df, -abs(diff) / se))
+        low, high, p = diff, diff, math.nan
+    else:
+        df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+        se = math.sqrt(vx + vy)
+        half = float(stdtrit(df, 0.5 + level / 2)) * se
+        low, high, p = diff - half, diff + half, float(2 * stdtr(df, -abs(diff) / se))
+    if bounds is None:
+        return Difference(diff, low, high, p)
+    if low == high:
+        return Difference(diff, math.nan, math.nan, math.nan)
+    return Difference(diff, max(low, bounds[0]), min(high, bounds[1]), p)
 
 
 def proportion_ci(values: Iterable[float], level: float = LEVEL, scale: float = 100.0) -> dict:

@@ -12,10 +12,11 @@ from omegaconf import open_dict
 from torch import nn
 from typer.testing import CliRunner
 
-from normprop_cli import config
+from normprop_cli import config, statistics
 from normprop_cli.cli import app
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import grid, normalizers
+from normprop_cli.experiments.normalizers.tables import ACCURACY_DIFFERENCE
 from normprop_cli.nn import NIN
 from normprop_cli.nn.methods import METHODS
 
@@ -123,7 +124,7 @@ def test_extra_seeds_give_one_setting_more_seeds_and_an_unknown_setting_is_refus
 
 
 def test_welch_reading_matches_the_interval():
-    diff, low, high, p = normalizers.welch([90.0, 91.0, 92.0], [80.0, 81.5, 82.0])
+    diff, low, high, p = statistics.welch([90.0, 91.0, 92.0], [80.0, 81.5, 82.0], bounds=ACCURACY_DIFFERENCE)
     assert diff == pytest.approx(91.0 - 81.1666666) and 0 < low < diff < high and 0 < p < 0.05
     assert normalizers.reading(low, high) == "better"
     assert normalizers.reading(-3.0, -1.0) == "worse" and normalizers.reading(-1.0, 2.0) == "indistinguishable"
@@ -133,10 +134,10 @@ def test_bonferroni_widens_every_interval_and_differences_stay_in_range():
     """m comparisons with the reference hold together at 95%: each interval at 1 - 0.05/m is wider than
     at 95%; a difference of accuracies stays within [-100, 100]."""
     a, b = [90.0, 91.0, 92.0], [80.0, 81.5, 82.0]
-    _, low, high, _ = normalizers.welch(a, b)
-    _, low10, high10, _ = normalizers.welch(a, b, level=1 - 0.05 / 10)
+    _, low, high, _ = statistics.welch(a, b, bounds=ACCURACY_DIFFERENCE)
+    _, low10, high10, _ = statistics.welch(a, b, level=1 - 0.05 / 10, bounds=ACCURACY_DIFFERENCE)
     assert low10 < low and high10 > high
-    _, lo, hi, _ = normalizers.welch([99.9, 5.0, 99.0], [1.0, 0.5, 0.2], level=0.999)
+    _, lo, hi, _ = statistics.welch([99.9, 5.0, 99.0], [1.0, 0.5, 0.2], level=0.999, bounds=ACCURACY_DIFFERENCE)
     assert -100.0 <= lo and hi <= 100.0
     summary = pd.DataFrame({"batch_size": [1] * 6 + [8] * 6, "normalizer": ["a", "a", "b", "b", "ref", "ref"] * 2,
                             "final_test_acc": [50.0] * 12, "status": ["complete"] * 12})  # fmt: skip

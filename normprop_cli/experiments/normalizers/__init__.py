@@ -58,14 +58,13 @@ from normprop_cli.experiments.normalizers.tables import (
     read_table,
     reading,
     table,
-    welch,
 )
 from normprop_cli.experiments.probes import BATCH_NORMS, PopulationProbe, due
 from normprop_cli.nn.methods import METHODS
 
 __all__ = ["KEYS", "TABLE", "ModeGap", "best_val_test_acc", "comparisons", "final_drift", "headlines",
-           "label", "observers", "paragraphs", "plot", "read_table", "reading", "run", "table", "training_details",
-           "welch"]  # fmt: skip
+           "label", "observers", "paragraphs", "plot", "read_table", "reading", "run", "table",
+           "training_details"]  # fmt: skip
 
 
 class ModeGap:

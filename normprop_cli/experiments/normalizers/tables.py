@@ -41,14 +41,7 @@ def best_val_test_acc(runs: pd.DataFrame) -> float:
     return float(runs.loc[runs["val_acc"].idxmax(), "test_acc"]) if len(runs) else math.nan
 
 
-def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float, float]:
-    """mean(a) - mean(b), its Welch interval at `level` (statistics.welch) kept within [-100, 100] (a
-    difference of two accuracies in %), and the two-sided p-value; no interval where neither side
-    has a spread (near-identical accuracies say nothing about a difference)."""
-    diff, low, high, p = statistics.welch(a, b, level)
-    if low == high:
-        return diff, math.nan, math.nan, math.nan
-    return diff, max(low, -100.0), min(high, 100.0), p
+ACCURACY_DIFFERENCE = (-100.0, 100.0)  # a difference of two accuracies in %: statistics.welch's bounds
 
 
 POWER = 0.8  # the power at which `mdd` is the smallest difference a comparison detects
@@ -123,10 +116,12 @@ def table(cfg: DictConfig, summary: pd.DataFrame) -> pd.DataFrame:
             for column in run_tables.MODES:
                 modes |= _ci_columns(column, statistics.proportion_ci(g[column]) if column in g else {})
             gap = statistics.mean_ci(g["train_mode_acc"] - g["eval_mode_acc"]) if "train_mode_acc" in g else {}
-            diff = welch(g["final_test_acc"], ref, level) if method != reference and len(ref) else (math.nan,) * 4
+            diff = (math.nan,) * 4
+            if method != reference and len(ref):
+                diff = statistics.welch(g["final_test_acc"], ref, level, ACCURACY_DIFFERENCE)
             trained = g["train_mode_acc"] if "train_mode_acc" in g else pd.Series(dtype=float)
             other = method != reference and len(ref) > 0 and trained.notna().any()
-            train = welch(trained, ref, level) if other else (math.nan,) * 4
+            train = statistics.welch(trained, ref, level, ACCURACY_DIFFERENCE) if other else (math.nan,) * 4
             rows.append({"batch_size": int(bs), "normalizer": method, "lr": float(runs["initial_lr"].iloc[0]),
                          "n": final["n"], "diverged": len(runs) - len(g),
                          "learned": int(run_tables.learned_in_a_mode(g, cfg).eq(True).sum()),

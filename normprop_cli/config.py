@@ -129,8 +129,8 @@ _COMPOSING = threading.Lock()  # Hydra's GlobalHydra is one per process: reprodu
 
 
 def _conf_state(directory: Path) -> str:
-    """What a composition reads: a digest of every YAML file's path and bytes under `directory` (~2 ms; a
-    modification time can miss a rewrite within the file system's clock tick)."""
+    """What a composition reads: a digest of every YAML file's path and bytes under `directory` (cheap beside a
+    composition; a modification time can miss a rewrite within the file system's clock tick)."""
     digest = hashlib.sha1()
     for f in sorted(directory.rglob("*.yaml")):
         digest.update(f"{f}\0".encode() + f.read_bytes() + b"\0")
@@ -138,10 +138,10 @@ def _conf_state(directory: Path) -> str:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
-    """Hydra's composition of config.yaml under `overrides`, struct off. A composition takes ~60 ms and a
-    report asks for the same few dozen times: each is kept, keyed by the overrides and the contents of the
-    config files (a changed or added file composes anew), and handed out as a deep copy (~2 ms) that
-    the caller may change."""
+    """Hydra's composition of config.yaml under `overrides`, struct off. A report asks for the same few
+    dozen compositions, and a deep copy costs a fraction of one: each is kept, keyed by the overrides and
+    the contents of the config files (a changed or added file composes anew), and handed out as a copy
+    that the caller may change."""
     directory = conf_dir()
     key = (str(directory), tuple(overrides), _conf_state(directory))
     with _COMPOSING:

@@ -62,7 +62,7 @@ def prepare(device: torch.device, deterministic: bool = False) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = deterministic
-    # set only where it differs: setting it imports torch._inductor, 1.7 s of every process's start
+    # set only where it differs: setting it imports torch._inductor, which would lengthen every process's start
     mode = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     if mode != (deterministic, False):
         torch.use_deterministic_algorithms(deterministic)
@@ -70,12 +70,11 @@ def prepare(device: torch.device, deterministic: bool = False) -> None:
 
 # glibc's malloc gives blocks of over 128 KiB back to the kernel when they are freed (mmap, then munmap;
 # the top of the heap trimmed past 128 KiB free), so a CPU step's activations and gradients come back
-# as fresh pages that the kernel must fault in and zero, every step. Measured on a Zen 2 core, one thread,
-# a NIN step at width 0.25, batch 50: NormProp 133 ms and 10,000 page faults a step, 117 ms and none
-# with blocks up to 32 MiB kept. The settings below take every block from the heap (no mmap: glibc
-# cannot raise its mmap threshold past 32 MiB, and at width 1.0, batch 50 the first layers' maps are
-# 33-39 MB; a step there took 0.88-0.94 times as long as with 32 MiB, docs/performance.md), trim the
-# heap only past 1 GiB free and grow it 16 MiB at a time: a process keeps up to 1 GiB of freed memory.
+# as fresh pages that the kernel must fault in and zero, every step (thousands of page faults a step;
+# docs/performance.md has the measurements). The settings below take every block from the heap (no
+# mmap: glibc cannot raise its mmap threshold past 32 MiB, and at width 1.0, batch 50 the first layers'
+# maps are 33-39 MB), trim the heap only past 1 GiB free and grow it 16 MiB at a time: a process keeps
+# up to 1 GiB of freed memory.
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # mallopt's parameter numbers (malloc.h)
 MALLOC_SETTINGS = {M_TRIM_THRESHOLD: 1 << 30, M_TOP_PAD: 16 << 20, M_MMAP_MAX: 0}
 

@@ -250,7 +250,8 @@ def choice(key: str) -> bool:
 
 EXTENDABLE = "train.epochs"  # the one key a run may change: more epochs continue it where it stopped
 # How a step runs, not what it computes (engine/step.py: the float32 numbers, up to rounding, as on another
-# device): like the device, these may change when a run resumes (cuda_graph's default was false, now auto).
+# device): like the device, these may change when a run resumes, and a new default for one of them leaves
+# every run resumable.
 # So may the batch size of evaluation: in evaluation mode an image's logits depend on that image alone (no
 # batch statistics), up to the rounding of the kernels that a batch size selects.
 EXECUTION = ("train.channels_last", "train.compile", "train.cuda_graph", "train.eval_batch_size")

@@ -95,7 +95,7 @@ class FilterResponseNormTlu2d(nn.Module):
 def group_stats(x: Tensor, groups: int, eps: float) -> tuple[Tensor, Tensor]:
     """Per image and group: (mean, sd = sqrt(biased variance + eps)), each [N, groups]. Each channel's
     variance is the mean of its centred squares (two passes: var_mean's one-pass Welford reduction
-    over H, W is 20 times slower on the CPU); the group's is the mean of its channels' variances plus
+    over H, W is the slower kernel on the CPU); the group's is the mean of its channels' variances plus
     the variance of their means (equal counts per channel)."""
     mean_c = x.mean(HW)  # [N, C]
     var_c = (x - per_channel(mean_c)).square_().mean(HW)

@@ -175,7 +175,7 @@ class NIN(nn.Module):
         **options,
     ) -> None:
         super().__init__()
-        if isinstance(norm, NINConfig):  # NIN(10, 3, config): third was `config` before it was `norm`
+        if isinstance(norm, NINConfig):  # NIN(10, 3, config): a NINConfig given by position is the config
             config, norm = norm, None
         given = {"norm": norm, "width": width, "activation": activation}
         config = replace(config or NINConfig(), **{k: v for k, v in given.items() if v is not None}, **options)

@@ -63,7 +63,10 @@ def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, monkey
     assert lines.index("### smoke preset (`verdicts.csv`)") < lines.index("### smoke preset (`cpu/verdicts.csv`)")
     assert text.count(TABLE_HEAD) == 2
     assert text.index("### How a verdict is reached") < text.index("## table1")
-    assert verdicts.rule_text() in text
+    from normprop_cli.verdicts.budget_text import methods_text
+
+    assert methods_text(verdicts.rule_text()) in text
+    assert "fixed before the results they judge" not in text  # the ledger says, per claim, which came first
     c5 = next(c for c in verdicts.claims() if c.id == "C5")
     assert f"| C5: {c5.claim} ({c5.source}) | **inconclusive** |" in text  # one seed: no interval
     assert (

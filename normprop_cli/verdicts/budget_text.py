@@ -108,10 +108,16 @@ def replaced_rows(tree: Path) -> list[list[str]]:
         for r in found:
             rows.append([experiment, when(parse_time(r["date"])), str(r["runs"]), f"git: commit {r['commit']}",
                          verdicts_text(r.get("verdicts_before") or [])])  # fmt: skip
-    recorded = [e for e in ledger.read(tree) if e.get("event") == "replaced"]
-    for e in recorded:
-        rows.append([str(e.get("experiment")), when(parse_time(e["at"])), f"1 ({e.get('run')}, {e.get('why')})",
-                     f"recorded: `{e.get('kept')}/`", verdicts_text(e.get("verdicts") or [])])  # fmt: skip
+    groups: dict[tuple, list[dict]] = {}  # the runs one command replaced, with the same verdict before
+    for e in (e for e in ledger.read(tree) if e.get("event") == "replaced"):
+        before = verdicts_text(e.get("verdicts") or [])
+        key = (str(e.get("experiment")), when(parse_time(e["at"])), e.get("why"), before)
+        groups.setdefault(key, []).append(e)
+    for (experiment, at, why, before), found in groups.items():
+        runs = ", ".join(str(e.get("run")) for e in found)
+        kept = {Path(str(e.get("kept"))).relative_to(Path(str(e.get("kept"))).parents[1]).as_posix() for e in found}
+        where = f"`{found[0]['kept']}/`" if len(found) == 1 else f"each run's `{'`, `'.join(sorted(kept))}/`"
+        rows.append([experiment, at, f"{len(found)} ({runs}; {why})", f"recorded: {where}", before])
     return rows
 
 

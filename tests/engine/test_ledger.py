@@ -37,7 +37,7 @@ def test_a_run_given_more_epochs_keeps_its_predecessor_in_its_history_and_the_re
 
     text = "\n".join(budget_section(cli.results, cli.results, "smoke", ["table1"]))
     assert "| table1 |" in text
-    assert "1 (normprop-s0, more epochs) | recorded: `table1/synthetic/runs/normprop-s0/history/1/`" in text
+    assert "1 (normprop-s0; more epochs) | recorded: `table1/synthetic/runs/normprop-s0/history/1/`" in text
 
 
 def test_a_removed_run_trained_again_keeps_what_git_held_with_the_verdict_before(tmp_path, monkeypatch):

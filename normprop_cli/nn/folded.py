@@ -27,6 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .fused import fused_fold, takes_fused
+
 
 class Folded(NamedTuple):
     """Eq. 11 folded (NormPropLayer docstring), per filter i of the layers, end to end."""
@@ -50,9 +52,12 @@ def _fold_flat(layers: Sequence) -> Folded:
     return Folded(scale, bias, dscale, radial, consts[1])
 
 
-def fold_layers(layers: Sequence, roads: Sequence[bool]) -> list[tuple[Tensor, Tensor, Tensor, bool]]:
+def fold_layers(layers: Sequence, roads: Sequence[bool]) -> list[tuple[Tensor, Tensor | None, Tensor, bool]]:
     """(u_i, s_i, b_i, output road) for each layer, what its convolution takes (module docstring);
-    `roads[i]`: whether layer i scales its output rather than its weights. One autograd node for all."""
+    `roads[i]`: whether layer i scales its output rather than its weights. One autograd node for all. Where
+    fused.takes_fused says so (CUDA), fused.py's road instead: every layer on its weights, in fewer kernels."""
+    if takes_fused([m.weight for m in layers]):
+        return fused_fold(layers)
     n = len(layers)
     params = [m.weight for m in layers] + [m.gamma for m in layers] + [m.beta for m in layers]
     out = _FoldAll.apply(layers, tuple(roads), *params)
@@ -108,13 +113,14 @@ class _FoldAll(torch.autograd.Function):
 FLOOR_MIN_NUMEL = 1 << 16  # outputs from this size on take _Floor; smaller ones, torch's threshold_
 
 
-def floor_(out: Tensor, floor: float) -> Tensor:
+def floor_(out: Tensor, floor: float, copy_free: bool = False) -> Tensor:
     """max(out, floor) in place: eq. 11's clamp of the ReLU, folded (-c2/c1). Where autograd records it for an
     output of FLOOR_MIN_NUMEL elements or more, its backward reads the result, not the input: result > floor
     exactly where input > floor, so the gradient is threshold's, bit for bit, and autograd keeps no copy of the
     input, which torch's in-place threshold_ saves (a copy of the layer's output per step). Below that size
-    the copy costs less than a Python autograd node, and threshold_ is used: the same numbers either way."""
-    if out.numel() >= FLOOR_MIN_NUMEL and out.requires_grad and torch.is_grad_enabled():
+    the copy costs less than a Python autograd node, and threshold_ is used: the same numbers either way.
+    `copy_free`: _Floor at every size (fused.py's road: on CUDA the copy is a kernel, the Python node is not)."""
+    if (copy_free or out.numel() >= FLOOR_MIN_NUMEL) and out.requires_grad and torch.is_grad_enabled():
         return _Floor.apply(out, floor)
     return torch.threshold_(out, floor, floor)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .folded import _autocast_dtype, _channels, floor_, fold_layers
+from .fused import fused_unit_norm_, takes_fused
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
@@ -163,13 +164,7 @@ class NormPropLayer(nn.Module):
             and _autocast_dtype(x) in (None, torch.bfloat16)
         )
 
-    def _fold_next(self, share: tuple) -> None:
-        """Make the next forward use `share`, this layer's part of `fold_layers(layers, roads)` over many
-        layers (NIN folds its nine at once), instead of folding alone; the call still goes through
-        `__call__` and hooks."""
-        self.__dict__["_share"] = share
-
-    def _folded_forward(self, x: Tensor, u: Tensor, scale: Tensor, bias: Tensor, on_output: bool) -> Tensor:
+    def _folded_forward(self, x: Tensor, u: Tensor, scale: Tensor | None, bias: Tensor, on_output: bool) -> Tensor:
         """Eq. 11 folded: max(conv(x, W s) + b, -c2/c1), or with s on the output, conv(x, W) s + b."""
         if on_output:
             v = self._op(x, u, None)
@@ -177,14 +172,15 @@ class NormPropLayer(nn.Module):
         else:
             out = self._op(x, u, bias)  # under autocast: u and the bias cast to bfloat16 here
         if self._floor is not None:
-            out = floor_(out, self._floor)  # max(out, floor) in place
+            out = floor_(out, self._floor, copy_free=scale is None)  # max(out, floor) in place; fused road: no copy
         return out
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Eq. 11 (eq. 9 for NormPropLinear) on x; the class docstring says which road it takes."""
-        share = self.__dict__.pop("_share", None)  # left by `_fold_next`, used once
-        if share is not None:
-            return self._folded_forward(x, *share)
+    def forward(self, x: Tensor, *, fold: tuple | None = None) -> Tensor:
+        """Eq. 11 (eq. 9 for NormPropLinear) on x; the class docstring says which road it takes. `fold`: this
+        layer's part of `fold_layers(layers, roads)` over many layers (NIN folds its nine at once, then calls
+        each layer with its part), in place of folding alone."""
+        if fold is not None:
+            return self._folded_forward(x, *fold)
         if self._folded_ok(x):
             return self._folded_forward(x, *fold_layers([self], [self._road(x)])[0])
         st = self.stats()
@@ -341,6 +337,8 @@ def constrain_unit_norm_(model: nn.Module) -> None:
     respect to W_i scales with 1/||W_i||, so fixing ||W_i|| = 1 fixes the effective step.
     """
     weights = [m.weight for m in model.modules() if isinstance(m, NormPropLayer)]
-    if weights:
+    if takes_fused(weights):  # CUDA: the fused weight-norm kernel, every filter in one kernel per layer
+        fused_unit_norm_(weights)
+    elif weights:
         norms = [torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim)), keepdim=True) for w in weights]
         torch._foreach_div_(weights, norms)

@@ -53,14 +53,16 @@ def test_help_explains_normprops_own_arguments_and_pooling(cls):
 
 
 @pytest.mark.parametrize("cls", [NormPropConv2d, NormPropLinear])
-def test_forward_takes_the_input_alone(cls):
-    assert list(inspect.signature(cls.forward).parameters) == ["self", "x"]
+def test_forward_takes_the_input_and_by_keyword_alone_a_fold_made_for_it(cls):
+    params = inspect.signature(cls.forward).parameters
+    assert list(params) == ["self", "x", "fold"]
+    assert params["fold"].kind is inspect.Parameter.KEYWORD_ONLY and params["fold"].default is None
 
 
 def test_nin_still_folds_its_layers_at_once_through_the_hooks(monkeypatch):
     """One fold for all NormProp layers per forward (none alone), each layer called with its hooks,
-    every layer's output fed by that one fold's autograd node."""
-    model = NIN(10, norm="normprop", width=0.1)
+    every layer's output fed by that one fold's autograd node, and no layer left holding anything of it."""
+    model, twin = NIN(10, norm="normprop", width=0.1), NIN(10, norm="normprop", width=0.1)
     calls, seen = [], []
     fold = nin_module.fold_layers
     monkeypatch.setattr(nin_module, "fold_layers", lambda ls, r: calls.append(len(ls)) or fold(ls, r))
@@ -69,7 +71,8 @@ def test_nin_still_folds_its_layers_at_once_through_the_hooks(monkeypatch):
         layer.register_forward_hook(lambda m, i, o: seen.append(fold_node(o)))
     out = model(torch.randn(2, 3, 32, 32))
     assert calls == [9] and len(seen) == 9 and seen[0] is not None and all(n is seen[0] for n in seen)
-    assert all("_share" not in layer.__dict__ for layer in model.hidden_layers())  # nothing left over
+    pairs = zip(model.hidden_layers(), twin.hidden_layers(), strict=True)
+    assert all(set(layer.__dict__) == set(fresh.__dict__) for layer, fresh in pairs)  # nothing left over
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
 

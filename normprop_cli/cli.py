@@ -9,11 +9,49 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
+try:  # the copy of click that Typer raises its usage errors from, where it carries its own
+    from typer._click import exceptions as usage
+except ImportError:
+    from click import exceptions as usage
 
 from normprop_cli import config, hints, tools
 from normprop_cli.errors import UserError
+from normprop_cli.written import contents, enclosing, figures, outputs_of, wrote
+
+
+class OneLineErrors(TyperGroup):
+    """The command's own usage errors (`--jobs abc`, an unknown option or command) in one line on stderr
+    with exit code 2, as normprop's own errors are, instead of Typer's boxed usage text."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except usage.NoArgsIsHelpError as exc:
+            typer.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(0)
+        except usage.ClickException as exc:
+            typer.echo(one_line(exc), err=True)
+            sys.exit(exc.exit_code)
+        except usage.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def one_line(exc: usage.ClickException) -> str:
+    """'error: MESSAGE (`normprop run --help` lists the options)', the message's lines joined."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    where = f" (`{ctx.command_path} --help` lists the options)" if ctx is not None else ""
+    return f"error: {message}{where}"
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -24,6 +62,10 @@ Dataset = Annotated[str | None, typer.Option(help="Data set (default: the preset
 Preset = Annotated[str | None, typer.Option(help="paper | gpu | cpu | fashion | quick | smoke (default: quick).")]
 ResultsDir = Annotated[Path | None, typer.Option(help="Where results go (default: the preset's, e.g. results/).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Train nothing: write plan.csv (runs, steps, time, disk).")]
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="With --dry-run: write over a plan.csv already in the preset's results directory."),
+]
 StepTimesCsv = Annotated[Path | None, typer.Option(envvar="NORMPROP_STEP_TIMES", help="Step times (CSV) for the plan.")]
 Deterministic = Annotated[bool, typer.Option("--deterministic", help="Deterministic algorithms, no TF32 (slower).")]
 AllowDirty = Annotated[
@@ -92,30 +134,18 @@ def list_() -> None:
 @user_errors
 def info(data_dir: Annotated[Path, typer.Option(help="Where data sets are looked for.")] = Path("data")) -> None:
     """Versions, the device that `auto` picks, and which data sets are present."""
-    import hydra
-    import numpy
-    import torch
-    import torchvision
+    from normprop_cli.status import info_lines
 
-    import normprop_cli
-    from normprop_cli import device as devices
-    from normprop_cli.data import available_datasets
-
-    device = devices.resolve("auto")
-    typer.echo(f"normprop     {normprop_cli.__version__}")
-    typer.echo(f"python       {sys.version.split()[0]}")
-    for module in (torch, torchvision, numpy, hydra):
-        typer.echo(f"{module.__name__:<12} {module.__version__}")
-    typer.echo(f"device       {devices.describe(device)} (cuda available: {torch.cuda.is_available()})")
-    typer.echo(f"configs      {config.conf_dir()}")
-    typer.echo(f"data dir     {data_dir.resolve()}")
-    for name, present in available_datasets(data_dir).items():
-        typer.echo(f"  {name:<10} {'present' if present else 'missing (normprop run ... --download)'}")
+    for line in info_lines(data_dir):
+        typer.echo(line)
 
 
 def compose(experiment, preset, dataset, overrides, **settings):
     from normprop_cli.experiments import EXPERIMENTS, grid
 
+    for group, name in (("experiment", experiment), ("preset", preset), ("dataset", dataset)):
+        if name is not None:
+            hints.check_choice(group, name)
     cfg = grid.load(experiment, preset=preset, dataset=dataset, overrides=overrides or [], **settings)
     if experiment not in EXPERIMENTS:
         raise UserError(f"experiment '{experiment}' has a config but no runner yet; runnable: {', '.join(EXPERIMENTS)}")
@@ -147,6 +177,7 @@ def run(
     allow_dirty: AllowDirty = False,
     dry_run: DryRun = False,
     step_times: StepTimesCsv = None,
+    force: Force = False,
 ) -> None:
     """Run an experiment: train its runs (resuming unfinished ones), write CSVs and figures."""
     from normprop_cli.engine import ledger
@@ -176,44 +207,28 @@ def run(
     if not dry_run:  # before anything is said or written: reported runs come from committed code
         ledger.check_clean([Path(cfg.results_dir)], allow_dirty)
     if dry_run or not quiet:  # the plan (experiments.plan): its estimate line, or plan.csv instead of training
-        plan_lines([(cfg, EXPERIMENTS[experiment].trains)], step_times, cfg.device, write=dry_run)
+        keep = results_dir is None and not force
+        plan_lines([(cfg, EXPERIMENTS[experiment].trains)], step_times, cfg.device, write=dry_run, keep=keep)
         if dry_run:
             return
-    start = time.time()
+    before = contents(outputs_of(cfg))
     out = EXPERIMENTS[experiment].run(cfg)
-    typer.echo(wrote(out, start))
-    for figure in figures(out, start):
+    typer.echo(wrote(out, before))
+    for figure in figures(out, before):
         typer.echo(f"wrote {figure}")
     above = enclosing(Path(cfg.results_dir))
     command = hints.command("report", results_dir=above) if above else hints.of(cfg, "report", dataset=False)
     typer.echo(f"next: `{command}` puts them in {(above or Path(cfg.results_dir)) / 'REPORT.md'}")
 
 
-def plan_lines(cfgs: list, step_times: Path | None, device: str, write: bool) -> None:
-    """Print the plan of `cfgs` (experiments.plan.announce), priced by --step-times or steps timed on `device`."""
+def plan_lines(cfgs: list, step_times: Path | None, device: str, write: bool, keep: bool = False) -> None:
+    """Print the plan of `cfgs` (experiments.plan.announce), priced by --step-times or steps timed on `device`,
+    each line as soon as it is known; `keep`: a plan.csv already in the results directory is not written over."""
     from normprop_cli.bench.step_times import StepTimes
     from normprop_cli.experiments import plan
 
-    for line in plan.announce(cfgs, functools.partial(StepTimes, step_times, device), write_plan=write):
+    for line in plan.announce(cfgs, functools.partial(StepTimes, step_times, device), write_plan=write, keep=keep):
         typer.echo(line)
-
-
-def enclosing(results: Path) -> Path | None:
-    """The results directory above `results` whose REPORT.md covers it too (results/ for results/cpu)."""
-    return results.parent if (results.parent / "REPORT.md").exists() else None
-
-
-def wrote(out: Path, since: float) -> str:
-    """'wrote PATH' where a file there is new since `since` (time.time()), else 'unchanged: PATH'."""
-    files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else []
-    fresh = any(p.stat().st_mtime >= since - 1 for p in files)
-    return f"wrote {out}" if fresh else f"unchanged: {out}"
-
-
-def figures(out: Path, since: float) -> list[Path]:
-    """The figures (PNG, PDF) that a run wrote beside its CSVs after `since` (time.time())."""
-    where = out if out.is_dir() else out.parent
-    return sorted(p for ext in ("png", "pdf") for p in where.glob(f"*.{ext}") if p.stat().st_mtime >= since - 1)
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -305,6 +320,7 @@ def reproduce_all(
     allow_dirty: AllowDirty = False,
     dry_run: DryRun = False,
     step_times: StepTimesCsv = None,
+    force: Force = False,
 ) -> None:
     """Every experiment (in the paper's order, or those the preset lists: preset.experiments), then the
     figures and the report; where the preset trains in worker processes, timing first and alone, then the
@@ -313,7 +329,7 @@ def reproduce_all(
         from normprop_cli.experiments.plan import configs
 
         cfgs = configs(preset, dataset, device=device, data_dir=data_dir, results_dir=results_dir)
-        return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True)
+        return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True, keep=results_dir is None and not force)
     from normprop_cli import readme
     from normprop_cli.engine import ledger, tally
     from normprop_cli.experiments import EXPERIMENTS, together
@@ -343,8 +359,8 @@ def reproduce_all(
     def run_one(cfg) -> None:
         experiment = cfg.experiment.name
         typer.echo(f"== {experiment}", err=True)
-        began, began_at = time.perf_counter(), time.time()
-        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), began_at))
+        began, before = time.perf_counter(), contents(outputs_of(cfg))
+        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), before))
         typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
 
     if together.shared(cfgs):  # one pool of workers for every grid (experiments.together)

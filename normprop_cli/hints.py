@@ -50,3 +50,18 @@ def of(cfg: DictConfig, *words: str, dataset: bool = True, extra=()) -> str:
         dataset=cfg.dataset.name if dataset else None,
         extra=extra,
     )
+
+
+def check_choice(group: str, name: str) -> None:
+    """A UserError for a name that `group` (experiment, preset, dataset) lacks: the nearest names that
+    it has first (`tabel1`: did you mean table1?), then every one."""
+    import difflib
+
+    from normprop_cli.errors import UserError
+
+    known = config.options(group)
+    if name in known:
+        return
+    near = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    guess = f"did you mean {' or '.join(near)}? " if near else ""
+    raise UserError(f"unknown {group} '{name}'; {guess}known: {', '.join(known)}")

@@ -1,4 +1,5 @@
-"""`normprop status EXPERIMENT`: where a sweep stands, read from its run directories alone.
+"""`normprop status EXPERIMENT`: where a sweep stands, read from its run directories alone; and
+`normprop info`: versions, the device, the data sets present and how to get those that are not.
 
 Every run of the grid with its state (missing, running, stopped, complete, diverged), its last epoch
 out of its total, where it ran (host, device) and, for a SLURM submission, its job. A run whose
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from normprop_cli import hints
+from normprop_cli import config, hints
 from normprop_cli.engine import expand_grid, run_dir, sweep_dir
 from normprop_cli.engine.lock import held
 from normprop_cli.engine.runs import read_manifest, submitted
@@ -124,3 +125,43 @@ def show(cfg: DictConfig, console: Console | None = None, overrides: Sequence[st
     for line in lines:
         console.print(escape(line), highlight=False, soft_wrap=True)
     return runs
+
+
+def rows_of(pairs: list[tuple[str, str]], indent: str = "") -> list[str]:
+    """`name  text` lines whose texts start at one column: the longest name plus two spaces."""
+    width = max((len(name) for name, _ in pairs), default=0) + 2
+    return [f"{indent}{name:<{width}}{text}" for name, text in pairs]
+
+
+def info_lines(data_dir: Path) -> list[str]:
+    """`normprop info`: versions, the device `auto` picks, where configs and data are, and each data set
+    present or missing with every way to get it, in aligned columns."""
+    import sys
+
+    import hydra
+    import numpy
+    import torch
+    import torchvision
+
+    import normprop_cli
+    from normprop_cli import device as devices
+    from normprop_cli.data import available_datasets
+
+    device = devices.resolve("auto")
+    head = [("normprop", normprop_cli.__version__), ("python", sys.version.split()[0])]
+    head += [(module.__name__, module.__version__) for module in (torch, torchvision, numpy, hydra)]
+    head += [("device", f"{devices.describe(device)} (cuda available: {torch.cuda.is_available()})"),
+             ("configs", str(config.conf_dir())), ("data dir", str(data_dir.resolve()))]  # fmt: skip
+    present = available_datasets(data_dir)
+    sets = [(name, "present" if there else f"missing: {fetch_hint(name)}") for name, there in present.items()]
+    return [*rows_of(head), "data sets:", *rows_of(sets, indent="  ")]
+
+
+def fetch_hint(dataset: str) -> str:
+    """How a missing data set is got: every way there is."""
+    from normprop_cli.data.fashion import NAME as FASHION
+
+    download = f"`normprop run EXPERIMENT --dataset {dataset} --download`"
+    if dataset == FASHION:
+        return f"`apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or {download}"
+    return download

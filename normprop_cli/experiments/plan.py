@@ -26,7 +26,8 @@ from bench.step_times, passed in as `times` (measured on this machine, or read f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from normprop_cli.nn.methods import METHODS
 COLUMNS = ["experiment", "dataset", "runs", "sweep_runs", "sgd_steps", "train_images", "eval_images", "est_seconds",
            "disk_bytes", "sweep_runs_max", "est_seconds_max"]  # fmt: skip
 PLAN = "plan.csv"
+# The committed CPU bench (`normprop bench`): what a plan's timing of steps on a CPU is priced by before it starts.
+BENCH = Path(__file__).resolve().parents[2] / "results" / "bench" / "bench.csv"
 EVAL_TIMED = 100  # evaluation is priced at the step time of a batch of min(train.eval_batch_size, this)
 # Passes over the probe set (train.probe_images, else the test set) before training and after every epoch,
 # one per observer that reads it: covariate-shift's unit and population probes, activations' population
@@ -236,29 +239,102 @@ def configs(preset: str | None = None, dataset: str | None = None, **settings) -
              EXPERIMENTS[name].trains) for name in listed or EXPERIMENTS]  # fmt: skip
 
 
-def announce(cfgs: list[tuple[DictConfig, bool]], make_times: Callable[[], Times], write_plan: bool) -> list[str]:
+def announce(cfgs: list[tuple[DictConfig, bool]], make_times: Callable[[], Times], write_plan: bool,
+             keep: bool = False) -> Iterator[str]:  # fmt: skip
     """With `write_plan` (--dry-run): plan.csv written into the results directory (a `total` row where
-    there are several experiments) and the lines that say its totals and where it is. Without (before
-    `normprop run` trains): the estimate line alone, or nothing where the run is about to refuse (a
-    setting, the data, the device: it says why in its own one line)."""
+    there are several experiments) and the lines that say its totals and where it is; with `keep`, a
+    plan.csv already there is left as it is (a committed plan priced on another machine) and the lines
+    say so. Steps timed here are announced, with about how long that takes, before they are timed.
+    Without `write_plan` (before `normprop run` trains): the estimate line alone, or nothing where the run
+    is about to refuse (a setting, the data, the device: it says why in its own one line). The lines come
+    as they are known, so that a caller prints each before the work after it."""
     if write_plan:
+        target = Path(cfgs[-1][0].results_dir) / PLAN
+        kept = keep and target.exists()
+        if kept:
+            yield (f"plan: {target} is there and is kept (--force writes over it; --results-dir DIR writes "
+                   "DIR/plan.csv); the totals follow")  # fmt: skip
+        plans = [plan_experiment(c, trains) for c, trains in cfgs]
         times = make_times()
-        frame = table([plan_experiment(c, trains) for c, trains in cfgs], times, total=len(cfgs) > 1)
-        return [*summary(frame, getattr(times, "source", "")), f"wrote {write(cfgs[-1][0].results_dir, frame)}"]
+        if (notice := timing_notice(times, needed_keys(plans))) is not None:
+            yield notice
+        frame = table(plans, times, total=len(cfgs) > 1)
+        yield from summary(frame, getattr(times, "source", ""))
+        if not kept:
+            yield f"wrote {write(target.parent, frame)}"
+        return
     from normprop_cli.data import available_datasets
     from normprop_cli.errors import UserError
 
     try:
         cfg = cfgs[0][0]
         if not (cfg.download or available_datasets(cfg.data_dir).get(cfg.dataset.name, True)):
-            return []
+            return
         plans = [plan_experiment(c, trains) for c, trains in cfgs]
         if not any(p.costs for p in plans):
-            return []
+            return
         times = make_times()
-        return summary(table(plans, times), getattr(times, "source", ""))[:1]
+        line = summary(table(plans, times), getattr(times, "source", ""))[0]
     except UserError:
-        return []
+        return
+    yield line
+
+
+def needed_keys(plans: list[Planned]) -> list[StepKey]:
+    return list(dict.fromkeys(key for p in plans for key in p.needed))
+
+
+def timing_notice(times, keys: list[StepKey]) -> str | None:
+    """The line said before steps are timed on this machine (no step-times file): how many
+    configurations, how many steps each, and about how long, priced by the committed CPU bench."""
+    if getattr(times, "known", None) is not None or getattr(times, "dev", None) is None or not keys:
+        return None
+    from normprop_cli.bench.step_times import measure
+
+    steps = int(times.steps) + int(inspect.signature(measure).parameters["warmup"].default)
+    widths = ", ".join(f"{w:g}" for w in sorted({k.width for k in keys}))
+    batches = ", ".join(str(b) for b in sorted({k.batch_size for k in keys}))
+    what = (f"timing {len(keys)} step configuration(s) ({len({k.method for k in keys})} method(s), batch sizes "
+            f"{batches}, width {widths}) on {times.where}, {steps} steps each, to price the plan")  # fmt: skip
+    bench = bench_estimate(keys, steps) if times.dev.type == "cpu" else None
+    if bench is None:
+        how_long = "its time is not known before it starts"
+    else:
+        seconds, where = bench
+        how_long = f"about {duration(seconds)} on idle cores of {where}, longer where the cores are busy"
+    return f"{what}: {how_long}; --step-times FILE prices it from a file instead, timing nothing"
+
+
+def bench_estimate(keys: list[StepKey], steps: int, bench: Path | None = None) -> tuple[float, str] | None:
+    """(seconds, the bench's CPU) that timing `steps` steps of each of `keys` takes by the committed CPU
+    bench's step times: a configuration it lacks is priced at its method's nearest width (scaled up by
+    the width squared above it, the hidden convolutions' cost) and the 3-channel shape; None without the
+    bench, or where it has none of the methods."""
+    from normprop_cli.bench.step_times import lookup, read
+    from normprop_cli.errors import UserError
+
+    bench = bench or BENCH
+    try:
+        known = read(bench)
+        where = str(pd.read_csv(bench, comment="#", usecols=["device"])["device"].iloc[0])
+    except (UserError, OSError, ValueError, KeyError, IndexError):
+        return None
+    widths: dict[str, list[float]] = {}
+    for k in known:
+        widths.setdefault(k.method, []).append(k.width)
+    total, priced = 0.0, 0
+    for key in keys:
+        if key.method not in widths:
+            continue
+        near = min(widths[key.method], key=lambda w: abs(w - key.width))
+        probe = key._replace(width=near, shape="3x32x32")
+        try:
+            ms = lookup(known, [probe])[probe]
+        except UserError:
+            continue
+        total += steps * ms * max(1.0, (key.width / near) ** 2) / 1e3
+        priced += 1
+    return (total * len(keys) / priced, where) if priced else None
 
 
 def project(preset: str, times: Times, results_dir: str | Path) -> pd.DataFrame:

@@ -179,6 +179,8 @@ def retire(tree: Path, path: Path, why: str) -> dict | None:
     elif manifest is None:
         files = committed_files(path)
         manifest = json.loads(files[SMALL[0]]) if files else None
+        if files and any((d / SMALL[0]).read_bytes() == files[SMALL[0]] for d in history_dirs(path)):
+            return None  # kept already, by a start that stopped before its manifest
     else:
         return None
     if not files or not manifest:

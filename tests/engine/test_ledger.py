@@ -56,6 +56,8 @@ def test_a_removed_run_trained_again_keeps_what_git_held_with_the_verdict_before
     assert entry["why"] == "trained again" and entry["earlier"]["started"] == "then"
     assert entry["verdicts"][0]["verdict"] == "inconclusive" and entry["verdicts"][0]["claim"] == "C5"
     assert "C5 inconclusive 0.1 [-0.2, 0.4]" in "\n".join(budget_section(tree, tree, "quick", ["table1"]))
+    ledger.keep_earlier(tree, path, None)  # started again before its first manifest: kept once
+    assert len(ledger.read(tree)) == 1 and not (path / "history" / "2").exists()
 
 
 def test_a_fresh_run_with_nothing_committed_records_nothing(tmp_path):

@@ -101,7 +101,7 @@ def record(tree: Path, frame: pd.DataFrame) -> list[dict]:
             if e.get("event") == RULE}  # fmt: skip
     added = []
     for row in frame.astype(object).where(frame.notna(), None).to_dict("records"):
-        if row["verdict"] in (NOT_MEASURED, NOT_YET_MEASURED) or row.get("effect") is None:
+        if row["verdict"] in (NOT_MEASURED, NOT_YET_MEASURED) or row.get("test") is None:  # no rule judged it
             continue
         rule = rule_of(row["claim"])
         if last.get((row["claim"], row["dataset"])) == (rule["entry"], rule["test"]):

@@ -54,8 +54,8 @@ class Experiment:
         return paper_datasets(self.name) if self.trains else ()
 
 
-# By name; experiments/__init__.py puts the package's own in reproduce-all's order (its ORDER) once
-# they have registered, and any registered later follow them.
+# By name, in the order they register: experiments/__init__.py imports the package's own in reproduce-all's
+# order (its ORDER), and any registered later follow them.
 EXPERIMENTS: dict[str, Experiment] = {}
 
 

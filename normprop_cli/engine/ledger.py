@@ -4,8 +4,9 @@ appended to and never rewritten, committed with the results.
     event "replaced"  a finished run trained again in place (more epochs, or retrained after its directory was
                       removed): its small files kept in `<run>/history/<n>/`, and the verdicts the tree's
                       verdicts.csv gave on its experiment just before
-    event "rule"      a claim's rule (its conf/claims.yaml entry and the version of its test) first used against
-                      the tree's results, with the verdict it gave (verdicts.ledger writes it)
+    event "rule"      a claim's rule (its conf/claims.yaml entry and the version of its test) used against the
+                      tree's results where it is not the last one recorded, with the verdict it gave
+                      (verdicts.ledger writes it)
     event "start"     where the record begins, and what git showed of the time before it
 
 Which runs are reported: those written under a preset's own results directory (`results_dir` of

@@ -17,7 +17,8 @@ costs kernels. The same operations run on the CPU, where they are tested against
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +36,16 @@ def set_road(road: str) -> str:
         raise ValueError(f"the fold's road must be one of {', '.join(ROADS)}, got {road!r}")
     before, ROAD = ROAD, road
     return before
+
+
+@contextlib.contextmanager
+def using_road(road: str) -> Iterator[None]:
+    """`set_road(road)` inside the block, the road before after it (comparing the fused road with the batched)."""
+    before = set_road(road)
+    try:
+        yield
+    finally:
+        set_road(before)
 
 
 def takes_fused(weights: Sequence[Tensor]) -> bool:

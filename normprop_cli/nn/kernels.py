@@ -127,7 +127,11 @@ class KernelCount(TorchDispatchMode):
 
 def step_kernels(step: Callable, *args, warmup: int = 2) -> KernelCount:
     """The kernels of one warm call of `step(*args)` (a training step: its optimizer's buffers made and every
-    cache filled by `warmup` calls first), counted as CUDA's eager PyTorch would launch them."""
+    cache filled by `warmup` calls first), counted as CUDA's eager PyTorch would launch them. A step that
+    replays a CUDA graph (engine.step.GraphedStep: one with an eager `.step` and a `.graph`) is counted through its
+    eager step, whose kernels are the graph's: a replay dispatches no operation."""
+    if hasattr(step, "graph") and callable(getattr(step, "step", None)):
+        step = step.step
     for _ in range(warmup):
         step(*args)
     with KernelCount() as count:

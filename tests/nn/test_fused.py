@@ -14,27 +14,14 @@ STEPS = 20
 @pytest.fixture
 def road():
     """Set fused.ROAD for a test; put back after it."""
-    before = fused.ROAD
-    yield fused.set_road
-    fused.set_road(before)
+    with fused.using_road(fused.ROAD):
+        yield fused.set_road
 
 
-def trained(road_name, set_road, batch, lr, steps=STEPS):
-    """Per step: the loss, every parameter's gradient and every NormProp filter's norm after the constraint."""
+def trained(road_name, set_road, batch, lr):
+    """`trained_on` the CPU, on the road `road_name`."""
     set_road(road_name)
-    torch.manual_seed(0)
-    model = NIN(10, norm="normprop", width=0.1)
-    opt = make_optimizer(model, lr, 0.9, 5e-4, torch.device("cpu"))
-    step = Step(model, torch.nn.Identity(), opt, constrain=True)
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-        loss, _ = step(x, y)
-        grads = [p.grad.clone() for p in model.parameters()]
-        norms = torch.cat([m.filter_norms() for m in model.modules() if hasattr(m, "filter_norms")])
-        out.append((loss.item(), grads, norms))
-    return out
+    return trained_on("cpu", batch, lr)
 
 
 @pytest.mark.parametrize(("batch", "lr"), [(1, 0.005), (8, 0.05)])
@@ -124,3 +111,37 @@ def test_the_fused_road_under_bfloat16_autocast_folds_in_float32_and_gives_float
         losses[name] = loss.item()
         assert all(p.grad.dtype == torch.float32 for p in model.parameters())
     assert losses["fused"] == pytest.approx(losses["batched"], rel=1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("batch", "lr"), [(1, 0.005), (8, 0.05)])
+def test_on_cuda_the_fused_road_trains_as_the_cpus_batched_road_within_1e_5(batch, lr):
+    """CUDA's own road ("auto"), full float32 (no TF32, cuDNN deterministic), against the CPU's, step by step."""
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
+    try:
+        cpu, cuda = trained_on("cpu", batch, lr), trained_on("cuda", batch, lr)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = flags
+    for (loss_b, grads_b, _), (loss_f, grads_f, norms_f) in zip(cpu, cuda, strict=True):
+        assert loss_f == pytest.approx(loss_b, rel=1e-5)
+        for gb, gf in zip(grads_b, grads_f, strict=True):
+            assert (gf.cpu() - gb).norm() <= 1e-5 * gb.norm()
+        assert (norms_f - 1).abs().max() <= 1e-6
+
+
+def trained_on(device, batch, lr, steps=STEPS):
+    """Per step: the loss, every parameter's gradient and every NormProp filter's norm after the constraint."""
+    torch.manual_seed(0)
+    model = NIN(10, norm="normprop", width=0.1).to(device)
+    opt = make_optimizer(model, lr, 0.9, 5e-4, torch.device(device))
+    step = Step(model, torch.nn.Identity(), opt, constrain=True)
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        loss, _ = step(x.to(device), y.to(device))
+        grads = [p.grad.clone() for p in model.parameters()]
+        norms = torch.cat([m.filter_norms() for m in model.modules() if hasattr(m, "filter_norms")])
+        out.append((loss.item(), grads, norms.cpu()))
+    return out

@@ -36,7 +36,7 @@ class OneLineErrors(TyperGroup):
         except usage.ClickException as exc:
             typer.echo(one_line(exc), err=True)
             sys.exit(exc.exit_code)
-        except usage.Abort:
+        except typer.Abort:
             typer.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

@@ -1,6 +1,6 @@
 """Robustness beside each verdict: the break-even margin is where the rule's verdict really changes,
-leaving one seed out is counted against the rule on all seeds, the best-validation verdict reads the
-runs' best-validation test metric, the last quarter's movement, and C3's interval (Bonett's) and its
+leaving one seed out is counted against the verdict shown, the best-validation verdict reads the
+runs' best-validation test metric, the verdict at every epoch of the last quarter, and C3's interval (Bonett's) and its
 coverage without normal values."""
 
 import math
@@ -12,13 +12,15 @@ import pytest
 from normprop_cli import verdicts as V
 from normprop_cli.statistics import sd_ratio_interval
 from normprop_cli.verdicts import rule
-from normprop_cli.verdicts.readings import at_best_validation, read
+from normprop_cli.verdicts.readings import at_best_validation, at_epoch, read
 from normprop_cli.verdicts.robustness import (
     NOT_APPLICABLE,
     best_validation_verdict,
     break_even,
     last_quarter,
     loso_flips,
+    quarter,
+    robustness,
     robustness_text,
 )
 
@@ -54,28 +56,71 @@ def test_the_verdict_changes_at_the_break_even_margin_and_nowhere_nearer(kind):
 
 def measurement(values: list[float]) -> V.Measurement:
     table = pd.DataFrame({"seed": range(len(values)), "normprop": values, "baseline": 0.0})
+    return measurement_of(table)
+
+
+def measurement_of(table: pd.DataFrame) -> V.Measurement:
     return V.Measurement(table, V.one_sample(+1), "t")
 
 
-def test_leaving_out_the_seed_that_carries_the_effect_flips_the_verdict():
+def test_leave_one_out_counts_subsets_whose_whole_rule_verdict_differs_from_the_one_shown():
     claim = V.Claim("CX", "a claim", "here", "exp", rule.NON_INFERIORITY, 1.0, "pp", "")
     m = measurement([0.1, 0.2, 0.0, 0.15, 0.05, -3.0])  # one bad seed makes all six inconclusive
-    full = m.estimate(m.table, 0.95)
-    on_all = rule.verdict(claim.kind, full.ci_low, full.ci_high, 1.0, full.n_seeds)
-    by_hand = 0
-    for seed in range(6):
-        e = m.estimate(m.table[m.table["seed"] != seed], 0.95)
-        by_hand += rule.verdict(claim.kind, e.ci_low, e.ci_high, 1.0, e.n_seeds) != on_all
-    assert on_all == rule.INCONCLUSIVE and by_hand == 1
-    assert loso_flips(claim, m, 0.95, 1.0, on_all) == 1
-    assert loso_flips(claim, measurement([0.1, 0.2]), 0.95, 1.0, on_all) is None  # under 3 seeds
+    judge = lambda mm: V.judge(claim, mm)  # noqa: E731
+    shown = judge(m)["verdict"]
+    by_hand = sum(judge(measurement_of(m.table[m.table["seed"] != seed]))["verdict"] != shown for seed in range(6))
+    assert shown == rule.INCONCLUSIVE and by_hand == 1
+    assert loso_flips(m, judge, shown) == 1
+    assert loso_flips(measurement([0.1, 0.2]), judge, shown) is None  # under 3 seeds
+
+
+def test_leave_one_out_compares_with_the_verdict_after_the_halves_rule():
+    """All seeds reproduce, but the halves reach opposite verdicts: shown inconclusive.
+    Subsets that are themselves inconclusive are not flips against it."""
+    claim = V.Claim("CX", "a claim", "here", "exp", rule.SUPERIORITY, 0.0, "", "")
+    m = measurement([-0.2, -0.1, -0.15, -0.05, -0.1, 2.0, 2.1, 2.2, 1.9, 2.05])
+    judge = lambda mm: V.judge(claim, mm)  # noqa: E731
+    judged = judge(m)
+    assert (judged["verdict"], judged["halves"]) == (rule.INCONCLUSIVE, rule.OPPOSITE_VERDICTS)
+    flips = loso_flips(m, judge, judged["verdict"])
+    subsets = (measurement_of(m.table[m.table["seed"] != s]) for s in range(10))
+    by_hand = sum(judge(subset)["verdict"] != rule.INCONCLUSIVE for subset in subsets)
+    on_all = rule.verdict(claim.kind, judged["ci_low"], judged["ci_high"], 0.0, 10)
+    assert on_all == rule.REPRODUCED and flips == by_hand < 10
 
 
 def test_the_last_quarter_runs_from_epoch_e_minus_a_quarter_to_e():
-    effect = pd.Series([-2.6, -3.3, -2.6, -2.0, -2.1, -1.6, -1.9, -1.7, -1.60, -1.61, -1.48, -1.46], index=range(1, 13))
-    assert last_quarter(effect) == pytest.approx(-1.46 - -1.60)  # epochs 9 -> 12
-    assert last_quarter(pd.Series([1.0, 2.0], index=[1, 2])) == pytest.approx(1.0)
-    assert math.isnan(last_quarter(None))
+    assert quarter(12) == [9, 10, 11, 12] and quarter(4) == [3, 4] and quarter(6) == [4, 5, 6] and quarter(1) == [1]
+
+
+def test_stability_judges_the_claim_at_every_epoch_of_the_last_quarter(tmp_path):
+    """Runs' metrics.csv: NormProp's accuracy overtakes the baseline's only at the last epoch of 8."""
+    rows = []
+    for seed in range(4):
+        for arm, accs in (("np", [50, 60, 70, 75, 80, 85, 86, 95]), ("bn", [50, 61, 72, 78, 84, 88, 90, 90])):
+            run = f"{arm}-s{seed}"
+            (tmp_path / "runs" / run).mkdir(parents=True)
+            epochs = pd.DataFrame({"epoch": range(1, 9), "test_acc": np.add(accs, 0.1 * seed * (arm == "np"))})
+            epochs.to_csv(tmp_path / "runs" / run / "metrics.csv", index=False)
+            rows.append({"run": run, "arm": arm, "seed": seed, "final_test_acc": float(epochs["test_acc"].iloc[-1])})
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    claim = V.Claim("CX", "a claim", "here", "exp", rule.SUPERIORITY, 0.0, "pp", "")
+
+    def measure() -> V.Measurement:
+        s = read(tmp_path / "summary.csv", ["run", "arm", "seed", "final_test_acc"])
+        wide = s.pivot(index="seed", columns="arm", values="final_test_acc")
+        table = pd.DataFrame({"seed": wide.index, "normprop": wide["np"].values, "baseline": wide["bn"].values})
+        return V.Measurement(table, V.one_sample(+1), "t")
+
+    judge = lambda m: V.judge(claim, m)  # noqa: E731
+    assert judge(measure())["verdict"] == rule.REPRODUCED  # at epoch 8
+    with at_epoch(7):
+        assert read(tmp_path / "summary.csv", ["final_test_acc"])["final_test_acc"].tolist()[:2] == [86.0, 90.0]
+    verdicts = last_quarter(measure, judge)
+    assert verdicts == {6: rule.NOT_REPRODUCED, 7: rule.NOT_REPRODUCED, 8: rule.REPRODUCED}
+    row = robustness(claim, measure(), judge(measure()), measure, judge)
+    assert row["settled"] is False and row["last_quarter"] == "6: not reproduced; 7: not reproduced; 8: reproduced"
+    assert last_quarter(lambda: V.Measurement(pd.DataFrame({"seed": [0]}), V.one_sample(+1), "t"), judge) == {}
 
 
 def test_the_best_validation_verdict_reads_each_runs_best_validation_test_metric(tmp_path):
@@ -111,10 +156,11 @@ def test_the_best_validation_verdict_reads_each_runs_best_validation_test_metric
 
 def test_the_robustness_cell_says_each_check():
     row = {"break_even": 1.108, "break_even_fraction": 0.1009, "loso_flips": 4, "n_seeds": 6,
-           "verdict_best_val": "not reproduced", "last_quarter_change": 0.1425, "settled": True}  # fmt: skip
+           "verdict_best_val": "not reproduced", "last_quarter": "9: not reproduced; 10: inconclusive; "
+           "11: not reproduced; 12: not reproduced", "settled": False}  # fmt: skip
     text = robustness_text(row, "pp")
     assert text == ("break-even 1.11 pp (0.101 × the error); 4 of 6 leave-one-out flip; best-val: not reproduced; "
-                    "last quarter +0.14 pp (settled)")  # fmt: skip
+                    "epochs 9-12: not settled")  # fmt: skip
     assert robustness_text({}, "pp") == "—"
 
 

@@ -159,7 +159,7 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
         notes.append(f"the runs have only {window} epoch(s); the window is cut to them")
     notes += learned_note(summary) + diverged_note(summary, "setting")
     test = "Bonett's interval on the ratio of the two sds (independent samples, kurtosis-adjusted, no normality)"
-    return Measurement(table, spread_ratio, test, {"window": f"1-{window}"}, notes)
+    return Measurement(table, spread_ratio, test, {"window": f"1-{window}"}, notes, last_epoch=window)
 
 
 def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:

@@ -1,7 +1,8 @@
 """What every claim's measurement is made of: Measurement (a per-seed table and the estimate that
 turns it into an effect with an interval), the CSV reader that raises NotMeasured, and the helpers
 that pick the runs a claim counts. `at_best_validation()` makes read() take each run's test metric at
-its best-validation epoch in place of its final one (the robustness check of verdicts/robustness.py)."""
+its best-validation epoch in place of its final one, and `at_epoch(e)` makes it read the results as they
+stood after epoch e (the robustness checks of verdicts/robustness.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from normprop_cli.verdicts.rule import Estimate
 
 FINAL = {"final_test_error": "error", "final_test_acc": "acc"}  # summary.csv's final test metrics
 _BEST_VALIDATION: ContextVar[list | None] = ContextVar("best_validation", default=None)
+_AT_EPOCH: ContextVar[int | None] = ContextVar("at_epoch", default=None)
+_EPOCHS_SEEN: ContextVar[list | None] = ContextVar("epochs_seen", default=None)
 
 
 @contextmanager
@@ -33,6 +36,63 @@ def at_best_validation() -> Iterator[list[Path]]:
         yield used
     finally:
         _BEST_VALIDATION.reset(token)
+
+
+@contextmanager
+def at_epoch(epoch: int) -> Iterator[None]:
+    """Within it, read() gives the results as they stood after `epoch`: a summary's final test metrics
+    (FINAL) become each run's test metric at its last epoch <= `epoch` (its runs/<run>/metrics.csv),
+    and a table of epochs or rounds (an `epoch` or `round` column) keeps those <= `epoch`. The
+    stability check of verdicts/robustness.py judges the claim so at each epoch of the last quarter."""
+    token = _AT_EPOCH.set(int(epoch))
+    try:
+        yield
+    finally:
+        _AT_EPOCH.reset(token)
+
+
+@contextmanager
+def epochs_seen() -> Iterator[list[int]]:
+    """Within it, read() notes the last epoch (or round) of every table it reads that has one."""
+    seen: list[int] = []
+    token = _EPOCHS_SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _EPOCHS_SEEN.reset(token)
+
+
+def _metrics(path: Path, run) -> pd.DataFrame | None:
+    metrics = path.parent / "runs" / str(run) / "metrics.csv"
+    return pd.read_csv(metrics, usecols=["epoch", "test_acc"]) if metrics.exists() else None
+
+
+def _test_acc_at(path: Path, run, epoch: int) -> float:
+    m = _metrics(path, run)
+    if m is None:
+        return math.nan
+    m = m[m["epoch"] <= epoch]
+    return float(m["test_acc"].iloc[-1]) if len(m) else math.nan
+
+
+def _epoch_view(path: Path, frame: pd.DataFrame, columns) -> pd.DataFrame:
+    """at_epoch and epochs_seen's part of read()."""
+    epoch, seen = _AT_EPOCH.get(), _EPOCHS_SEEN.get()
+    finals = [c for c in FINAL if c in columns and c in frame]
+    if seen is not None:
+        if finals and "run" in frame:
+            last = [m["epoch"].max() for run in frame["run"] if (m := _metrics(path, run)) is not None and len(m)]
+            seen += [int(max(last))] if last else []
+        seen += [int(pd.to_numeric(frame[c]).max()) for c in ("epoch", "round") if c in frame and len(frame)]
+    if epoch is None:
+        return frame
+    if finals and "run" in frame:
+        acc = frame["run"].map(lambda run: _test_acc_at(path, run, epoch))
+        frame = frame.assign(**{c: 100.0 - acc if FINAL[c] == "error" else acc for c in finals})
+    for column in ("epoch", "round"):
+        if column in frame:
+            frame = frame[pd.to_numeric(frame[column]) <= epoch]
+    return frame
 
 
 class NotMeasured(Exception):
@@ -55,6 +115,8 @@ class Measurement:
     budget: str = ""
     # the effect after each epoch (mean over seeds, the effect's orientation), where the claim has one
     by_epoch: pd.Series | None = None
+    # the last epoch the claim reads, where not the runs' last (C3: its early window's end)
+    last_epoch: int | None = None
 
 
 def read(path: Path, columns) -> pd.DataFrame:
@@ -68,6 +130,7 @@ def read(path: Path, columns) -> pd.DataFrame:
         best = pd.to_numeric(frame["best_val_test_error"], errors="coerce")
         frame = frame.assign(**{c: best if FINAL[c] == "error" else 100.0 - best for c in wanted})
         used.append(path)
+    frame = _epoch_view(path, frame, columns)
     if lacking := [c for c in columns if c not in frame.columns]:
         raise NotMeasured(f"{path.name} has no column(s) {', '.join(lacking)}: rerun the experiment")
     if not len(frame):  # e.g. epochs.csv of runs that all diverged in their first epoch

@@ -5,27 +5,30 @@
   as a fraction of the baseline's error where the claim's margin is relative (C5's margin is 0.1 x
   BatchNorm's error: a break-even fraction of 0.101 means one more thousandth would flip it).
 - `loso_flips`: of the leave-one-seed-out subsets (every seed left out once), how many reach another
-  verdict on the remaining seeds than all seeds do (before the halves rule, which a subset has no
-  room for: the verdict on all seeds against the verdict on each subset, by the same rule).
+  verdict on the remaining seeds than the verdict shown: each subset judged by the whole rule, halves
+  rule included, against the all-seeds verdict after the halves rule.
 - `verdict_best_val`: the verdict (halves rule included) with each run's test metric at its
   best-validation epoch in place of its final one; "not applicable" where the claim reads no final
   test metric (C2, C3, C6, C7).
-- `last_quarter_change`: how much the effect (mean over seeds) moved over the last quarter of the
-  epochs, from epoch E - ceil(E / 4) to E; `settled` is whether that is less than half the width of
-  the verdict's interval (otherwise the budget, not the method, stops the effect where it is).
+- `last_quarter`: the verdict (the whole rule) at every epoch of the last quarter, from epoch
+  E - ceil(E / 4) to E, E the last epoch the claim reads (the runs' last; C3: its early window's end;
+  C6: rounds), as the results stood after that epoch ("4: reproduced; 5: inconclusive; 6: ..."); `settled`
+  is True only where it is the same verdict at each, False where it changes (the budget, not the
+  method, decides it), empty where the claim reads no epochs (C7).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import pandas as pd
 
-from normprop_cli.verdicts.readings import Measurement, NotMeasured, at_best_validation
-from normprop_cli.verdicts.rule import EQUIVALENCE, NON_INFERIORITY, SUPERIORITY, Claim, verdict
+from normprop_cli.verdicts.readings import Measurement, NotMeasured, at_best_validation, at_epoch, epochs_seen
+from normprop_cli.verdicts.rule import EQUIVALENCE, NON_INFERIORITY, SUPERIORITY, Claim
 
-COLUMNS = ["break_even", "break_even_fraction", "loso_flips", "verdict_best_val", "last_quarter_change", "settled"]
+COLUMNS = ["break_even", "break_even_fraction", "loso_flips", "verdict_best_val", "last_quarter", "settled"]
 NOT_APPLICABLE = "not applicable"
 
 
@@ -47,27 +50,40 @@ def break_even(kind: str, ci_low: float, ci_high: float, margin: float) -> float
     return min(points, key=lambda p: (abs(p - margin), p)) if points else math.nan
 
 
-def loso_flips(claim: Claim, m: Measurement, level: float, margin: float, on_all: str) -> int | None:
-    """How many leave-one-seed-out subsets reach another verdict than all seeds (None: under 3 seeds)."""
+def loso_flips(m: Measurement, judge: Callable[[Measurement], dict], shown: str) -> int | None:
+    """How many leave-one-seed-out subsets, each judged by the whole rule (`judge`, halves included),
+    reach another verdict than `shown`, the all-seeds verdict after the halves rule (None: under 3 seeds)."""
     seeds = sorted(set(m.table["seed"]))
-    if len(seeds) < 3 or not math.isfinite(margin):
+    if len(seeds) < 3:
         return None
-    flips = 0
-    for seed in seeds:
-        e = m.estimate(m.table[m.table["seed"] != seed], level)
-        flips += verdict(claim.kind, e.ci_low, e.ci_high, margin, e.n_seeds) != on_all
-    return flips
+    subsets = (dataclasses.replace(m, table=m.table[m.table["seed"] != seed]) for seed in seeds)
+    return sum(judge(subset)["verdict"] != shown for subset in subsets)
 
 
-def last_quarter(by_epoch: pd.Series | None) -> float:
-    """The effect at the last epoch minus at epoch E - ceil(E / 4); NaN without per-epoch effects."""
-    if by_epoch is None or len(by_epoch) < 2:
-        return math.nan
-    last = int(by_epoch.index.max())
-    start = last - math.ceil(last / 4)
-    if start not in by_epoch.index:
-        return math.nan
-    return float(by_epoch.loc[last] - by_epoch.loc[start])
+def quarter(last: int) -> list[int]:
+    """The epochs of the last quarter: E - ceil(E / 4) .. E, none before epoch 1."""
+    return list(range(max(1, last - math.ceil(last / 4)), last + 1))
+
+
+def last_quarter(measure: Callable[[], Measurement], judge: Callable[[Measurement], dict]) -> dict[int, str]:
+    """{epoch: the verdict as the results stood after it} for every epoch of the last quarter; {} where
+    the claim reads no epochs, or a reading cannot be measured."""
+    try:
+        with epochs_seen() as seen:
+            m = measure()
+    except NotMeasured:
+        return {}
+    last = m.last_epoch or (max(seen) if seen else None)
+    if not last:
+        return {}
+    verdicts = {}
+    for epoch in quarter(int(last)):
+        try:
+            with at_epoch(epoch):
+                verdicts[epoch] = judge(measure())["verdict"]
+        except NotMeasured:
+            verdicts[epoch] = "not measured"
+    return verdicts
 
 
 def best_validation_verdict(measure: Callable[[], Measurement], judge: Callable[[Measurement], dict]) -> str:
@@ -81,28 +97,26 @@ def best_validation_verdict(measure: Callable[[], Measurement], judge: Callable[
     return judge(m)["verdict"] if used else NOT_APPLICABLE
 
 
-def robustness(
-    claim: Claim, m: Measurement, judged: dict, level: float, on_all: str, at_best: Callable[[], str]
-) -> dict:
-    """The COLUMNS of one verdict row."""
+def robustness(claim: Claim, m: Measurement, judged: dict, measure: Callable[[], Measurement],
+               judge: Callable[[Measurement], dict]) -> dict:  # fmt: skip
+    """The COLUMNS of one verdict row; `judge` is the whole rule on a measurement (tabulate.judge)."""
     margin, low, high = judged["margin"], judged["ci_low"], judged["ci_high"]
     point = break_even(claim.kind, low, high, margin)
     fraction = point / m.reference if claim.relative_to and math.isfinite(m.reference) and m.reference else math.nan
-    moved = last_quarter(m.by_epoch)
-    settled = abs(moved) < (high - low) / 2 if math.isfinite(moved) and math.isfinite(high - low) else None
+    by_epoch = last_quarter(measure, judge)
     return {
         "break_even": point,
         "break_even_fraction": fraction,
-        "loso_flips": loso_flips(claim, m, level, margin, on_all),
-        "verdict_best_val": at_best(),
-        "last_quarter_change": moved,
-        "settled": settled,
+        "loso_flips": loso_flips(m, judge, judged["verdict"]),
+        "verdict_best_val": best_validation_verdict(measure, judge),
+        "last_quarter": "; ".join(f"{e}: {v}" for e, v in by_epoch.items()),
+        "settled": len(set(by_epoch.values())) == 1 if by_epoch else None,
     }
 
 
 def robustness_text(row: dict, unit: str) -> str:
     """'break-even 1.11 pp (0.101 x the error); 4 of 6 leave-one-out flip; best-val: not reproduced;
-    last quarter +0.14 pp (settled)' for the report's robustness column; '—' where nothing was measured."""
+    epochs 9-12: not settled' for the report's robustness column; '—' where nothing was measured."""
     parts = []
     point = _number(row.get("break_even"))
     if math.isfinite(point):
@@ -115,11 +129,12 @@ def robustness_text(row: dict, unit: str) -> str:
     best = row.get("verdict_best_val")
     if best and not pd.isna(best) and best != NOT_APPLICABLE:
         parts.append(f"best-val: {best}")
-    moved = _number(row.get("last_quarter_change"))
-    if math.isfinite(moved):
+    quarter_text = row.get("last_quarter")
+    if isinstance(quarter_text, str) and quarter_text:
         settled = row.get("settled")
-        state = "settled" if settled is True or str(settled) == "True" else "still moving"
-        parts.append(f"last quarter {moved:+.2f}{' ' + unit if unit else ''} ({state})")
+        state = "settled" if settled is True or str(settled) == "True" else "not settled"
+        epochs = [part.split(":")[0] for part in quarter_text.split("; ")]
+        parts.append(f"epochs {epochs[0]}-{epochs[-1]}: {state}" if len(epochs) > 1 else f"epoch {epochs[0]}: {state}")
     return "; ".join(parts) or "—"
 
 

@@ -199,11 +199,12 @@ def rule_text() -> str:
             "Beside each verdict, how firmly it stands (the robustness column, and verdicts.csv): the "
             "break-even margin, the margin nearest the claim's own at which the verdict would change (for a "
             "superiority claim the threshold; as a fraction of the baseline's error where the margin is "
-            "relative); how many of the leave-one-seed-out subsets reach another verdict than all seeds "
-            "(before the halves rule); the verdict with each run's test metric at its best-validation epoch "
-            "instead of its last (for the claims on a final test metric: C1, C4, C5, C8); and how much the "
-            "effect moved over the last quarter of the epochs, *settled* where that is less than half the "
-            "interval's width, *still moving* where the budget, not the method, holds it where it is.",
+            "relative); how many of the leave-one-seed-out subsets, each judged by this whole rule (halves "
+            "included), reach another verdict than the one shown; the verdict with each run's test metric at its "
+            "best-validation epoch instead of its last (for the claims on a final test metric: C1, C4, C5, C8); "
+            "and the verdict, by this whole rule, at every epoch of the last quarter (epochs E − ⌈E/4⌉ to E of "
+            "the E the claim reads; C3: its early window, C6: its rounds), *settled* only where it is the same "
+            "verdict at each.",
         ]
     )
 

@@ -13,7 +13,7 @@ from normprop_cli.verdicts.departures import protocol_note
 from normprop_cli.verdicts.divergence import Divergence, divergence
 from normprop_cli.verdicts.measures import MEASURES, Measurement, NotMeasured
 from normprop_cli.verdicts.robustness import COLUMNS as ROBUSTNESS
-from normprop_cli.verdicts.robustness import best_validation_verdict, robustness
+from normprop_cli.verdicts.robustness import robustness
 from normprop_cli.verdicts.rule import (
     INCONCLUSIVE,
     NOT_MEASURED,
@@ -54,7 +54,6 @@ def judge(claim: Claim, m: Measurement) -> dict:
         "verdict_half_a": a,
         "verdict_half_b": b,
         "halves": check,
-        "on_all": on_all,  # before the halves rule (robustness's leave-one-out compares with it)
     }
 
 
@@ -113,8 +112,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
             rows.append(row | diverged_row(gone, prov))
             continue
         measure = lambda c=claim, s=sweep, p=prov: MEASURES[c.id](c, s, p)  # noqa: E731
-        at_best = lambda c=claim, f=measure: best_validation_verdict(f, lambda mm: judge(c, mm))  # noqa: E731
-        judged |= robustness(claim, m, judged, level_of(claim.kind), judged.pop("on_all"), at_best)
+        judged |= robustness(claim, m, judged, measure, lambda mm, c=claim: judge(c, mm))
         rows.append(row | {"metric": claim.metric.format(**m.metric)} | judged | {"note": "; ".join(notes)})
     return rows
 

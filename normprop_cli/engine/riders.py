@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -17,8 +17,19 @@ from omegaconf import DictConfig, OmegaConf
 from normprop_cli import io
 from normprop_cli.engine.runs import CHECKPOINT, CONFIG, MANIFEST, RunSpec, identity, now, run_dir, write_tables
 
-Run = Any  # trainer.Run, which imports this module; trainer's Observer and Progress likewise
 Batches = Callable[[DictConfig], Callable[[], Iterator]]  # a run's config -> what its observers see
+
+
+class Run(Protocol):
+    """What riders read of the run they ride along: trainer.Run, which imports this module."""
+
+    model: torch.nn.Module
+    data_norm: torch.nn.Module
+    history: list[dict]
+    extra: dict[str, list[dict]]
+    epoch: int
+
+    def state(self) -> dict: ...
 
 
 @dataclass
@@ -26,8 +37,8 @@ class Rider:
     """A fresh run of the trained run's trajectory with as many epochs or fewer (module docstring)."""
 
     spec: RunSpec
-    observers: Sequence[Any]  # trainer.Observer
-    progress: Any  # trainer.Progress
+    observers: Sequence[Any]  # trainer.Observer, which this module cannot import (trainer imports it)
+    progress: Any  # trainer.Progress, likewise
     extra: dict[str, list[dict]] = field(init=False)  # its observers' rows
     manifest: dict | None = field(init=False, default=None)  # once written
 

@@ -34,10 +34,12 @@ reproduce-all: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/normprop bench
 
-# On a CUDA machine, in at most 8 minutes: the CUDA tests, every method's step (CUDA graph or eager), peak
-# memory, host syncs, 20 steps against the CPU's, a real CIFAR-10 run killed and resumed, and the projected
-# time of `reproduce-all --preset paper` from this GPU's step times; results/bench/gpu/SUMMARY.md says pass or
-# fail per item (exit status 0 when all pass). Without CUDA: one line, exit status 2.
+# On a CUDA machine, in at most 5 minutes: the CUDA tests, every method's step (CUDA graph or eager), peak
+# memory, host syncs, 5 steps against the CPU's, the paired bench of the steps runs take (default layout, CUDA
+# graph, float32 and bfloat16, batch 1, 50 and 100, 3x32x32 and 1x32x32) with its targets, kernels per step,
+# --deterministic repeated, NormProp's two folds, the paper and gpu presets' projected times from this GPU's step
+# times, and a real CIFAR-10 run killed and resumed; results/bench/gpu/SUMMARY.md says pass or fail per item
+# (exit status 0 when all pass). Without CUDA: one line, exit status 2.
 gpu-check: $(STAMP)
 	$(BIN)/normprop gpu-check
 

@@ -3,52 +3,15 @@
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
-
-try:  # the copy of click that Typer raises its usage errors from, where it carries its own
-    from typer._click import exceptions as usage
-except ImportError:
-    from click import exceptions as usage
 
 from normprop_cli import config, hints, tools
 from normprop_cli.errors import UserError
-from normprop_cli.written import contents, enclosing, figures, outputs_of, wrote
-
-
-class OneLineErrors(TyperGroup):
-    """The command's own usage errors (`--jobs abc`, an unknown option or command) in one line on stderr
-    with exit code 2, as normprop's own errors are, instead of Typer's boxed usage text."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except usage.NoArgsIsHelpError as exc:
-            typer.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
-            sys.exit(0)
-        except usage.ClickException as exc:
-            typer.echo(one_line(exc), err=True)
-            sys.exit(exc.exit_code)
-        except typer.Abort:
-            typer.echo("aborted", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
-
-
-def one_line(exc: usage.ClickException) -> str:
-    """'error: MESSAGE (`normprop run --help` lists the options)', the message's lines joined."""
-    message = " ".join(exc.format_message().split())
-    ctx = getattr(exc, "ctx", None)
-    where = f" (`{ctx.command_path} --help` lists the options)" if ctx is not None else ""
-    return f"error: {message}{where}"
-
+from normprop_cli.hints import OneLineErrors, contents, enclosing, figures, outputs_of, wrote
 
 app = typer.Typer(
     cls=OneLineErrors,

@@ -26,11 +26,11 @@ from bench.step_times, passed in as `times` (measured on this machine, or read f
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,6 +48,7 @@ COLUMNS = ["experiment", "dataset", "runs", "sweep_runs", "sgd_steps", "train_im
 PLAN = "plan.csv"
 # The committed CPU bench (`normprop bench`): what a plan's timing of steps on a CPU is priced by before it starts.
 BENCH = Path(__file__).resolve().parents[2] / "results" / "bench" / "bench.csv"
+WARMUP = 2  # the untimed steps before the timed ones (bench.step_times.measure's)
 EVAL_TIMED = 100  # evaluation is priced at the step time of a batch of min(train.eval_batch_size, this)
 # Passes over the probe set (train.probe_images, else the test set) before training and after every epoch,
 # one per observer that reads it: covariate-shift's unit and population probes, activations' population
@@ -289,9 +290,7 @@ def timing_notice(times, keys: list[StepKey]) -> str | None:
     configurations, how many steps each, and about how long, priced by the committed CPU bench."""
     if getattr(times, "known", None) is not None or getattr(times, "dev", None) is None or not keys:
         return None
-    from normprop_cli.bench.step_times import measure
-
-    steps = int(times.steps) + int(inspect.signature(measure).parameters["warmup"].default)
+    steps = int(times.steps) + WARMUP
     widths = ", ".join(f"{w:g}" for w in sorted({k.width for k in keys}))
     batches = ", ".join(str(b) for b in sorted({k.batch_size for k in keys}))
     what = (f"timing {len(keys)} step configuration(s) ({len({k.method for k in keys})} method(s), batch sizes "
@@ -306,33 +305,28 @@ def timing_notice(times, keys: list[StepKey]) -> str | None:
 
 
 def bench_estimate(keys: list[StepKey], steps: int, bench: Path | None = None) -> tuple[float, str] | None:
-    """(seconds, the bench's CPU) that timing `steps` steps of each of `keys` takes by the committed CPU
-    bench's step times: a configuration it lacks is priced at its method's nearest width (scaled up by
-    the width squared above it, the hidden convolutions' cost) and the 3-channel shape; None without the
-    bench, or where it has none of the methods."""
-    from normprop_cli.bench.step_times import lookup, read
-    from normprop_cli.errors import UserError
-
-    bench = bench or BENCH
+    """(seconds, the bench's CPU) that timing `steps` steps of each of `keys` takes at the committed CPU
+    bench's float32 step times: each key at its method's nearest width (scaled up by the width squared
+    above it, the hidden convolutions' cost), interpolated in the batch size (in proportion above the
+    largest); a method the bench lacks at the mean of the others. None without the bench."""
     try:
-        known = read(bench)
-        where = str(pd.read_csv(bench, comment="#", usecols=["device"])["device"].iloc[0])
-    except (UserError, OSError, ValueError, KeyError, IndexError):
+        table = pd.read_csv(bench or BENCH, comment="#")
+        if "precision" in table:
+            table = table[table["precision"] == "float32"]
+        where = str(table["device"].iloc[0])
+        table = table[["method", "batch_size", "width", "step_ms_median"]].dropna()
+    except (OSError, ValueError, KeyError, IndexError):
         return None
-    widths: dict[str, list[float]] = {}
-    for k in known:
-        widths.setdefault(k.method, []).append(k.width)
     total, priced = 0.0, 0
     for key in keys:
-        if key.method not in widths:
+        rows = table[table["method"] == key.method]
+        if rows.empty:
             continue
-        near = min(widths[key.method], key=lambda w: abs(w - key.width))
-        probe = key._replace(width=near, shape="3x32x32")
-        try:
-            ms = lookup(known, [probe])[probe]
-        except UserError:
-            continue
-        total += steps * ms * max(1.0, (key.width / near) ** 2) / 1e3
+        near = min(rows["width"].unique(), key=lambda w: abs(w - key.width))
+        rows = rows[rows["width"] == near].sort_values("batch_size")
+        batch, ms = rows["batch_size"].to_numpy(float), rows["step_ms_median"].to_numpy(float)
+        at = float(np.interp(key.batch_size, batch, ms)) * max(1.0, key.batch_size / batch[-1])
+        total += steps * at * max(1.0, (key.width / near) ** 2) / 1e3
         priced += 1
     return (total * len(keys) / priced, where) if priced else None
 

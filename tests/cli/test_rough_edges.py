@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from normprop_cli import written
+from normprop_cli import hints
 from normprop_cli.nn.methods import METHODS
 from normprop_cli.nn.stats import ACTIVATIONS, register_activation
 
@@ -93,18 +93,18 @@ def test_unchanged_is_decided_by_the_bytes_not_the_times(tmp_path):
     summary, figure, checkpoint = out / "summary.csv", out / "table1.png", out / "runs" / "a" / "checkpoint.pt"
     for path, data in ((summary, b"a,b\n1,2\n"), (figure, b"PNG"), (checkpoint, b"weights")):
         path.write_bytes(data)
-    before = written.contents(tmp_path / "table1")
+    before = hints.contents(tmp_path / "table1")
     assert checkpoint not in before  # a run's own files are not read
     later = os.stat(summary).st_mtime + 10
     for path in (summary, figure):
         path.write_bytes(path.read_bytes())  # written again, byte for byte, later
         os.utime(path, (later, later))
-    assert written.wrote(summary, before) == f"unchanged: {summary}"
-    assert written.wrote(out, before) == f"unchanged: {out}" and written.figures(summary, before) == []
+    assert hints.wrote(summary, before) == f"unchanged: {summary}"
+    assert hints.wrote(out, before) == f"unchanged: {out}" and hints.figures(summary, before) == []
     figure.write_bytes(b"PNG2")
-    assert written.wrote(out, before) == f"wrote {out}" and written.figures(summary, before) == [figure]
+    assert hints.wrote(out, before) == f"wrote {out}" and hints.figures(summary, before) == [figure]
     (out / "epochs.csv").write_text("new\n")
-    assert written.wrote(out / "epochs.csv", before) == f"wrote {out / 'epochs.csv'}"
+    assert hints.wrote(out / "epochs.csv", before) == f"wrote {out / 'epochs.csv'}"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""NormProp with centred filters (`model.center`, the method `normprop-centred`).
+"""NormProp with centred filters (`model.center`), an ablation of the drift experiment.
 
 Each filter W_i (flattened over its patch, in_channels x kh x kw) is centred on its own mean before its
 norm is taken, and eq. 11 is otherwise NormProp's:
@@ -16,14 +16,15 @@ NormProp's own (ReLU: c2 = 1/sqrt(2 pi), c1 = sqrt(1/2 - 1/(2 pi)), f = 1.21). L
 batch statistic (one image at a time gives the same output) and folds for inference into one conv with
 weight gamma_i V_i / (f c1 ||V_i||) and bias (beta_i - c2) / c1 followed by the clamp.
 
-Relation to scaled weight standardisation (NFNets, `scaled-ws` in nn/normalizers.py): there the kernel is
-gain_i (W_i - mean(W_i)) / (std(W_i) sqrt(n)), and std(W_i) sqrt(n) = ||V_i||: the same unit-norm centred
-filter. What differs is what surrounds it: NormProp's gain and bias sit before the ReLU and its output is
-standardised by c2, c1 (zero mean, unit std for N(0, 1) input), with the Jacobian factor f; scaled WS has
-a gain on the kernel, a plain conv bias and the ReLU scaled by its gain sqrt(2 / (1 - 1/pi)) (unit second
-moment, not zero mean: its output keeps the ReLU's mean), and the zoo trains it with adaptive gradient
-clipping. So: the same filter normalisation, different constants around the activation (the mean c2
-subtracted, f) and no AGC.
+Relation to scaled weight standardisation (NFNets, `scaledws` in nn/normalizers.py, timm's ScaledStdConv2d):
+its kernel is gain_i (W_i - mean(W_i)) / (std(W_i) sqrt(n)) times the activation's gain 1/c1, and
+std(W_i) sqrt(n) = ||V_i||: the same unit-norm centred filter. With gain_i = gamma_i / f and its bias
+beta_i / c1, a scaled-WS ReLU unit is relu(a_i) / c1, a_i = gamma_i V_i^T x / (f ||V_i||) + beta_i, while the
+centred NormProp unit is (relu(a_i) - c2) / c1: the same function plus the constant c2 / c1 on every unit.
+That constant passes through pooling and the next centred filter removes it (V_i^T 1 = 0), except where zero
+padding cuts a patch short. So the two differ in their constants (c2 / c1, f scaling gamma's step, timm's
+eps 1e-6 under the square root), in NormProp's unit-norm projection of W_i after every step, and, as the
+zoo trains them, in scaled WS's adaptive gradient clipping; not in the function class.
 
 Road: the plain autograd form of layers.py, centring inside `_op` (the weight `_op` receives is W_i
 times a per-filter scale, whose row mean is the scale times W_i's) and in `filter_norms`;

@@ -55,9 +55,6 @@ def _normprop_classifier(i, o, k, s, p, jacobian="divide", **variant) -> nn.Modu
 register_method("normprop-icml", "NormProp (ICML)", norm="normprop", block=_normprop_block,
                 classifier=_normprop_classifier, model={"jacobian": "divide"})  # fmt: skip
 register_method("normprop-arxiv", "NormProp (arXiv)", norm="normprop", model={"jacobian": "init"})
-# each filter centred before its norm is taken (nn/centred.py); the ICML form otherwise
-register_method("normprop-centred", "NormProp, centred filters", norm="normprop",
-                model={"jacobian": "divide", "center": True})  # fmt: skip
 register_method("normprop-icml-own-classifier", "NormProp (ICML), own classifier", norm="normprop",
                 model={"jacobian": "divide", "classifier": "own"})  # fmt: skip
 

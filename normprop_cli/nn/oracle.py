@@ -14,15 +14,21 @@ variance whatever Sigma, and under white input A = I gives ||W_i|| back. All els
 takes the plain autograd road (layers.py), the gradient flowing through W_i in sqrt(W_i^T A W_i) with A
 held fixed. A starts at I (plain NormProp).
 
-`SigmaOracle` (the NIN's child `sigma_oracle`) holds the held-out batch, already data-normalised, that
-`give` hands it (the drift experiment's observer: fixed validation images), and refreshes every layer's A
-from it without gradient: at `give`, then before every `every`-th training step (a forward pre-hook on
-the model: training-mode forwards are the SGD steps). One pass of the batch through the network refreshes
-the layers in order, each from its input under the layers before it already refreshed. The patches are
-those whose whole patch lies on input-dependent positions (nn.dependence: no padding, no constant
-border), at most `positions` per image at positions drawn from a generator seeded by the layer alone (the
-same at every refresh). The batch and the step count are the module's extra state, A each layer's buffer:
-a checkpoint resumes the oracle exactly.
+The mean oracle (`model.mean_oracle_every`, alone or with the Sigma-oracle: `OracleConv2d(mean=True)`)
+subtracts W_i^T m from W_i * x, m the mean of the same held-out patches: the pre-activation's mean, which
+eq. 11's fixed c2 assumes to be 0 (it is W_i^T E[x], and E[x] > 0 after a ReLU). m is held fixed between
+refreshes and the gradient flows through W_i in W_i^T m. Zero padding aside (a cut patch is not centred),
+the pre-activation then has mean 0 on the held-out images.
+
+`SigmaOracle` (the NIN's child `sigma_oracle`, which refreshes both oracles) holds the held-out batch,
+already data-normalised, that `give` hands it (the drift experiment's observer: fixed validation images),
+and refreshes every layer's A (and m) from it without gradient: at `give`, then before every `every`-th
+training step (a forward pre-hook on the model: training-mode forwards are the SGD steps). One pass of the
+batch through the network refreshes the layers in order, each from its input under the layers before it
+already refreshed. The patches are those whose whole patch lies on input-dependent positions (nn.dependence:
+no padding, no constant border), at most `positions` per image at positions drawn from a generator seeded by
+the layer alone (the same at every refresh). The batch and the step count are the module's extra state, A
+(and m) each layer's buffers: a checkpoint resumes the oracle exactly.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, se
 from normprop_cli.experiments.drift.affine import AFFINE_COLUMNS, AffineProbe, final_change
 from normprop_cli.experiments.drift.figures import plot
 from normprop_cli.experiments.drift.findings import headlines, paragraphs
+from normprop_cli.experiments.drift.mean_report import write as write_decomposition
 from normprop_cli.experiments.drift.moments import MOMENTS_COLUMNS, MomentsProbe
 from normprop_cli.experiments.drift.oracle import ORACLE_COLUMNS, SigmaOracleFeed
 from normprop_cli.experiments.drift.spread import (
@@ -162,5 +163,6 @@ def run(cfg: DictConfig) -> Path:
     out = run_tables.write_curves_and_summary(cfg, specs, manifests, run_tables.gather(specs), ["setting"], columns)
     if ablation_settings(run_tables.read(cfg, "summary")):
         run_tables.write(cfg, "ablation", setting_table(cfg, tables(cfg)))
+    write_decomposition(cfg)
     plot(cfg)
     return out

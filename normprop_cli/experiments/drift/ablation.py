@@ -21,6 +21,7 @@ from normprop_cli.experiments.drift.tables import ablation_settings, learned_row
 POSITIVE = "> 0"  # an ABLATIONS value that any positive number matches
 RATE_SCALE = "rate_scale"  # a grid entry's multiple of the rate it borrows (`rate_of`), read as a key here
 PROBE_KEY = "experiment.probe_every_steps"  # in-epoch probes (drift.steps): they change nothing of training
+MOMENTS_KEY = "experiment.moments_probe"  # the decomposition probe (drift.moments): nor does it
 # What a grid entry's `set` (or its rate_scale) can change beside the method: (key, value) -> (name suffix,
 # label, the part of NormProp that the ablation takes away, as the findings name it)
 ABLATIONS = {
@@ -91,10 +92,10 @@ def entry_get(cfg: DictConfig, setting: str) -> Callable[[str], object] | None:
 
 
 def is_reference(cfg: DictConfig, setting: str) -> bool:
-    """A setting that changes nothing ABLATIONS names but adds in-epoch probes (e.g. `normprop-steps`):
+    """A setting that changes nothing ABLATIONS names but adds in-epoch or decomposition probes (e.g. `normprop-steps`):
     its main setting again, so that the in-epoch rows have a reference; no ablation."""
     get = entry_get(cfg, setting)
-    if get is None or not matches(get(PROBE_KEY), POSITIVE):
+    if get is None or not (matches(get(PROBE_KEY), POSITIVE) or get(MOMENTS_KEY) is True):
         return False
     return not any(matches(get(key), value) for key, value in ABLATIONS)
 
@@ -103,7 +104,8 @@ def label(cfg: DictConfig, setting: str, method: str) -> str:
     """A setting's name in the report: its kind's label from the grid, or the method and the setting's id."""
     get = entry_get(cfg, setting)
     if get and is_reference(cfg, setting):
-        return f"{kind_label(setting_kind(get))} (in-epoch probes)"
+        probes = "decomposition probe" if get(MOMENTS_KEY) is True else "in-epoch probes"
+        return f"{kind_label(setting_kind(get))} ({probes})"
     return kind_label(setting_kind(get)) if get else f"{run_tables.method_label(method)} ({setting})"
 
 

@@ -20,6 +20,7 @@ from normprop_cli.experiments.drift.ablation import (
     setting_table,
     tables,
 )
+from normprop_cli.experiments.drift.mean_report import mean_paragraphs
 from normprop_cli.experiments.drift.oracle_report import oracle_note, oracle_paragraphs, rate_sentence, steps_paragraph
 from normprop_cli.experiments.drift.tables import ablation_settings
 from normprop_cli.statistics import format_ci, markdown
@@ -66,6 +67,7 @@ def ablation_paragraphs(cfg: DictConfig) -> list[str]:
     texts.append(steps_paragraph(cfg, t, by))
     texts += _affine_sentences(t["affine"], s, set(ablation_settings(t["summary"]).values()))
     texts += _width_pairs(s)
+    texts += mean_paragraphs(cfg)
     return [x for x in texts if x]
 
 

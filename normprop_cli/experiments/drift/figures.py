@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from normprop_cli.experiments import plots
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation import label, read_optional
+from normprop_cli.experiments.drift.mean_report import plot_mean
 from normprop_cli.experiments.drift.tables import (
     ablation_settings,
     by_epoch,
@@ -75,7 +76,7 @@ def plot(cfg: DictConfig) -> list[Path]:
         ax.set_xlabel("epoch")
     fig.suptitle(plots.title(cfg, "Drift: Prop. 1's premise over training, per conv layer's input"), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return plots.save(fig, cfg, "drift") + plot_ablation(cfg) + plot_steps(cfg)
+    return plots.save(fig, cfg, "drift") + plot_ablation(cfg) + plot_steps(cfg) + plot_mean(cfg)
 
 
 def plot_ablation(cfg: DictConfig) -> list[Path]:

@@ -1,0 +1,69 @@
+"""The drift's decomposition into mean and spread (drift/moments.py) and the mean rule (drift/mean_report.py)."""
+
+import math
+
+import pandas as pd
+import torch
+
+from normprop_cli import config
+from normprop_cli.experiments.drift.ablation import is_reference, label
+from normprop_cli.experiments.drift.mean_report import rule
+from normprop_cli.experiments.drift.moments import MOMENTS_COLUMNS, MomentsProbe, normalised_map
+from normprop_cli.nn.centred import CentredNormPropConv2d
+from normprop_cli.nn.layers import NormPropConv2d
+from normprop_cli.nn.nin import NIN
+
+
+def test_the_moments_probe_gives_every_layer_its_decomposition():
+    torch.manual_seed(0)
+    model = NIN(10, 1, "normprop", 0.125)
+    x = torch.randn(16, 1, 32, 32)
+    rows = MomentsProbe().observe(model, lambda: iter([(x[:8], None), (x[8:], None)]), epoch=1)
+    assert [r["layer"] for r in rows] == list(range(1, 10))
+    assert all(list(r) == MOMENTS_COLUMNS for r in rows)
+    assert math.isnan(rows[0]["mean_sq"]) and math.isnan(rows[-1]["corr_wx_out"])  # the data; no layer after 9
+    for r in rows[1:]:
+        assert r["mean_sq"] >= 0 and 0 <= r["share_mean"] <= 1 and r["abs_var_minus_1"] >= abs(r["var_minus_1"]) - 1e-12
+    assert model.training  # left as it was
+
+
+def test_the_normalised_map_is_the_layers_own():
+    torch.manual_seed(1)
+    plain, centred = NormPropConv2d(2, 3, 3), CentredNormPropConv2d(2, 3, 3)
+    with torch.no_grad():
+        centred.weight.copy_(plain.weight + 0.3)
+        x = torch.randn(2, 2, 6, 6) + 2.0
+        w = plain.weight / plain.weight.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+        assert torch.allclose(normalised_map(plain, x), torch.nn.functional.conv2d(x, w), atol=1e-5)
+        assert torch.allclose(normalised_map(centred, x), normalised_map(centred, x - 2.0), atol=1e-5)
+
+
+def _comparisons(values: dict) -> pd.DataFrame:
+    rows = []
+    for setting, qs in values.items():
+        for q, (diff, low, high) in qs.items():
+            rows.append({"setting": setting, "quantity": q, "diff": diff, "low": low, "high": high})
+    return pd.DataFrame(rows)
+
+
+def test_the_rule_reads_cause_ruled_out_and_undecided():
+    none = {"avg_abs_mean": (0.0, -0.1, 0.1), "avg_std": (0.0, -0.1, 0.1), "final_test_acc": (0.0, -1, 1)}
+    removes = {"avg_abs_mean": (-0.5, -0.7, -0.3), "avg_std": (-0.6, -0.9, -0.35), "final_test_acc": (0.1, -1, 1)}
+    mean_only = removes | {"avg_std": (0.1, -0.2, 0.4)}
+    worse = {"avg_abs_mean": (1.3, 0.5, 2.1), "avg_std": (1.9, 0.9, 2.9), "final_test_acc": (0.3, -0.2, 0.9)}
+    reading = lambda c, m: rule(_comparisons({"normprop-centred": c, "normprop-mean-oracle": m}))[0]  # noqa: E731
+    assert reading(removes, none).startswith("the mean is named the cause: centred filters")
+    assert reading(none, mean_only).startswith("the mean is named a cause: the mean oracle")
+    assert reading(none, none) == "the mean is ruled out"
+    assert reading(worse, worse) == "undecided"
+    assert reading(removes | {"final_test_acc": (-3, -4, -2)}, none).startswith("the mean is named a cause")
+    assert rule(_comparisons({"normprop-centred": none}))[0].startswith("not read")
+
+
+def test_the_decomposition_runs_are_references_not_ablations():
+    cfg = config.load("drift", preset="fashion")
+    assert is_reference(cfg, "normprop-moments") and is_reference(cfg, "batchnorm-moments")
+    assert not is_reference(cfg, "normprop-centred") and not is_reference(cfg, "normprop-mean-oracle")
+    assert label(cfg, "batchnorm-moments", "batchnorm").endswith("(decomposition probe)")
+    assert label(cfg, "normprop-centred", "normprop") == "NormProp with centred filters"
+    assert "mean oracle" in label(cfg, "normprop-mean-sigma-oracle", "normprop")

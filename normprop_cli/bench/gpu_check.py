@@ -27,13 +27,13 @@ The items, in order (bench/gpu_items.py, gpu_bench.py, gpu_fold.py; each passes 
                   is timed and every loss finite
   kernels         kernels per step of each of those methods at batch 1 and 50 (torch.profiler), the ten
                   dearest, beside the count from the ATen operations: kernels.csv
-  deterministic   two runs of each of those methods under --deterministic, 20 steps each: the same losses
-                  bit for bit; the median ms of a deterministic step
   fold            NormProp's fused weight side against the batched one (gpu_fold): their steps paired, their
                   kernels, their losses within gpu_fold.GAP; "not available" where the package has one fold
   projection      `normprop reproduce-all --preset paper` (plan.csv; passes where it fits in a day) and
                   `--preset gpu` (plan_gpu.csv) planned (experiments.plan) into empty results directories and
                   priced by step times measured here for every configuration they need (bench.step_times.measure)
+  deterministic   two runs of each of the bench's methods under --deterministic, 20 steps each: the same
+                  losses bit for bit; the median ms of a deterministic step
   resume-table1, resume-covariate-shift   `normprop run table1` (its grid: flips on two of the four runs)
                   and `normprop run covariate-shift` (its probes) on CIFAR-10 python pickles written on the
                   spot (tiny: 1,000 training images), 2 epochs, in a subprocess killed (SIGKILL) as soon as a
@@ -135,13 +135,14 @@ def run_gpu_check(
     for width in widths:
         check("bench", lambda w=width: bench_item(cfg, dev, benched, w, batch_sizes, shapes, precisions, budget_s, out))
     check("kernels", lambda: kernels_item(cfg, dev, benched, widths[0], out))
-    check("deterministic", lambda: deterministic_item(cfg, dev, benched, widths[0]))
     check("fold", lambda: fold_item(cfg, dev, widths[0]))
     scratch = Path(tempfile.mkdtemp(prefix="normprop-gpu-check-"))
     try:
         if project is not None:
             plans = {"paper": project} | ({"gpu": fashion_plan} if fashion_plan else {})
             check("projection", lambda: projection(plans, dev, out, scratch / "empty", measured))
+        # after the in-process items: an operation without a deterministic kernel raises, mid-step
+        check("deterministic", lambda: deterministic_item(cfg, dev, benched, widths[0]))
         data_dir = items.write_cifar10(scratch / "data")
         for experiment in ("table1", "covariate-shift"):
             check(f"resume-{experiment}", lambda e=experiment: items.resumed_run(

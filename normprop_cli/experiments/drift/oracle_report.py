@@ -50,9 +50,15 @@ def oracle_settings(cfg: DictConfig, by: pd.DataFrame) -> list[str]:
     for setting in by.index:
         get = entry_get(cfg, setting)
         every = get("model.sigma_oracle_every") if get else None
-        if isinstance(every, int) and every > 0:
+        if isinstance(every, int) and every > 0 and not _takes_mean(get):  # the mean's settings: mean_report
             out.append(setting)
     return out
+
+
+def _takes_mean(get) -> bool:
+    """Does a setting take the pre-activation's mean away (centred filters, the mean oracle)?"""
+    every = get("model.mean_oracle_every") if get else None
+    return bool(get and (get("model.center") is True or (isinstance(every, int) and every > 0)))
 
 
 def oracle_paragraphs(cfg: DictConfig, t: dict, by: pd.DataFrame, c: pd.DataFrame) -> list[str]:
@@ -132,10 +138,17 @@ def oracle_note(cfg: DictConfig, by: pd.DataFrame, c: pd.DataFrame) -> str:
             + "; ".join(
                 f"{by.loc[k, 'label']} {m['value']:.2f}, {_ci(m['diff'], m['low'], m['high'])}" for k, m in means
             )
-            + f", against {means[0][1]['reference_value']:.2f}). What neither division controls is the "
+            + f", against {means[0][1]['reference_value']:.2f}). Neither division controls the "
             "pre-activation's mean: W_i^T E[x] passes through ||W_i|| and sqrt(W_i^T Sigma W_i) alike, and the "
             "activation's constants c2, c1 centre and scale its output only for a zero-mean N(0, 1) pre-activation "
             "(Remark 1)"
+        )
+        tested = any(_takes_mean(entry_get(cfg, k)) for k in by.index)
+        text += (
+            "; the settings that take that mean away (centred filters, the mean oracle) do not reduce the drift "
+            "either (the decomposition and the rule below)"
+            if tested
+            else ""
         )
     return text + "."
 

@@ -26,15 +26,19 @@ def results(run_experiment):
 def test_the_smoke_run_writes_every_setting(results):
     sweep = results / "activations" / "synthetic"
     summary = pd.read_csv(sweep / "summary.csv")
-    assert len(summary) == 8 * 2 and (summary["status"] == "complete").all()
-    assert set(zip(summary["method"], summary["activation"], strict=True)) == {(m, a) for m in METHODS for a in ACTS}
+    assert len(summary) == 10 * 2 and (summary["status"] == "complete").all()
+    ablations = {("normprop", "tanh_reluconst"), ("normprop", "sigmoid_reluconst")}  # ReLU's constants: C8 (b)
+    assert (
+        set(zip(summary["method"], summary["activation"], strict=True))
+        == {(m, a) for m in METHODS for a in ACTS} | ablations
+    )
     assert {"seed", activations.ACCURACY, "learned"} <= set(summary.columns)
     c = pd.read_csv(sweep / "curves.csv")
     assert list(c.columns) == ["method", "activation", "epoch", "n", "diverged", "mean", "sd", "ci_low", "ci_high"]
-    assert len(c) == 8 * 2 and (c["n"] == 2).all()
+    assert len(c) == 10 * 2 and (c["n"] == 2).all()
     layers = pd.read_csv(sweep / "layer_stats.csv")
     assert list(layers.columns) == activations.LAYER_COLUMNS
-    assert layers.groupby(["method", "activation"]).ngroups == 8
+    assert layers.groupby(["method", "activation"]).ngroups == 10
     assert sorted(layers["epoch"].unique()) == [0, 1, 2] and sorted(layers["layer"].unique()) == list(range(2, 10))
     population = pd.read_csv(sweep / "population.csv")  # layer_stats is its mean over seeds
     one = population[(population["method"] == "normprop") & (population["activation"] == "tanh")]
@@ -75,15 +79,15 @@ def test_headlines_and_paragraphs_give_each_activations_numbers(results):
     cfg = config.load("activations", preset="smoke", results_dir=str(results))
     rows = activations.headlines(cfg)
     finals = [r for r in rows if r["quantity"].startswith("final test accuracy")]
-    assert len(finals) == 8 and all("[" in r["reproduced"] for r in finals)
-    assert sum(r["quantity"].startswith("C8's effect") for r in rows) == 1
+    assert len(finals) == 10 and all("[" in r["reproduced"] for r in finals)
+    assert [r["quantity"][:6] for r in rows if r["quantity"].startswith("C8")] == ["C8 (a)", "C8 (b)"]
     texts = activations.paragraphs(cfg)
     assert len(texts) == 2 and all(name in texts[0] for name in ("ReLU", "PReLU", "tanh", "sigmoid"))
     assert "C8" in texts[1]
-    # the margin in pp: C8's fraction of BatchNorm's test error with ReLU, from the same summary
+    # the margin in pp: C8's fraction of NormProp's test error with ReLU, from the same summary
     summary = pd.read_csv(results / "activations" / "synthetic" / "summary.csv")
-    bn_relu = summary[(summary["method"] == "batchnorm") & (summary["activation"] == "relu")]
-    margin = 0.2 * (100.0 - bn_relu["final_test_acc"].mean())
+    np_relu = summary[(summary["method"] == "normprop") & (summary["activation"] == "relu")]
+    margin = 0.2 * (100.0 - np_relu["final_test_acc"].mean())
     assert f"-{margin:.2f} pp, C8's margin" in texts[1]
 
 

@@ -1,7 +1,6 @@
-"""NormProp against BatchNorm, paired by seed. C8's per-seed table: NormProp minus BatchNorm with the
-same activation (paired_gaps), and per seed the activation whose gap falls furthest below ReLU's
-(worst_per_seed); the verdict (measures.c8_activations) and the activations experiment's report both
-read it. Any verdict's effect after every epoch (effect_series, epoch_note), from the runs' metrics.csv."""
+"""NormProp against BatchNorm, paired by seed: NormProp minus BatchNorm with the same activation
+(paired_gaps), shown beside C8's verdict (verdicts.constants) and in the activations experiment's
+report. Any verdict's effect after every epoch (effect_series, epoch_note), from the runs' metrics.csv."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ import pandas as pd
 
 ACCURACY = "final_test_acc"  # the column C8 compares, in summary.csv
 GAP_COLUMNS = ["seed", "activation", "normprop", "batchnorm", "gap"]
-WORST_COLUMNS = [*GAP_COLUMNS, "reference_gap", "relative"]
-REFERENCE = "relu"  # C8 measures every other activation against NormProp's standing with ReLU
+REFERENCE = "relu"  # C8 measures every other activation against NormProp with ReLU
 
 
 def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
@@ -32,24 +30,6 @@ def paired_gaps(summary: pd.DataFrame, value: str = ACCURACY) -> pd.DataFrame:
     order = {a: i for i, a in enumerate(dict.fromkeys(summary["activation"]))}  # the grid's order
     wide = wide.sort_values(["seed", "activation"], key=lambda c: c.map(order) if c.name == "activation" else c)
     return wide.assign(gap=wide["normprop"] - wide["batchnorm"])[GAP_COLUMNS].reset_index(drop=True)
-
-
-def worst_per_seed(gaps: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
-    """WORST_COLUMNS: per seed that has a pair for every activation of `gaps`, the activation other than
-    `reference` whose gap (NormProp minus BatchNorm) falls furthest below the reference's gap of that
-    seed: relative = gap - reference_gap. So C8 asks what moving off ReLU costs NormProp against
-    BatchNorm, not C5's question of how the two compare with ReLU. Its mean over seeds is at most the
-    smallest of the activations' mean relative gaps (E[min] <= min E): a conservative effect."""
-    if not len(gaps) or reference not in set(gaps["activation"]):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    k = gaps["activation"].nunique()
-    g = gaps[gaps.groupby("seed")["activation"].transform("nunique") == k]
-    ref = g[g["activation"] == reference].set_index("seed")["gap"]
-    others = g[g["activation"] != reference].assign(reference_gap=lambda d: d["seed"].map(ref))
-    if not len(others):
-        return pd.DataFrame(columns=WORST_COLUMNS)
-    others = others.assign(relative=others["gap"] - others["reference_gap"])
-    return others.loc[others.groupby("seed")["relative"].idxmin(), WORST_COLUMNS].reset_index(drop=True)
 
 
 def effect_series(

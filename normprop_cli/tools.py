@@ -62,6 +62,7 @@ def gpu_check(
     budget: Annotated[float, typer.Option(help="Seconds of timed steps per configuration, all methods.")] = 5.0,
     tests: Annotated[bool, typer.Option("--tests/--no-tests", help="Run the CUDA tests first.")] = True,
     results_dir: Annotated[Path, typer.Option(help="Where results go (bench/gpu/ in it).")] = Path("results"),
+    cap: Annotated[float, typer.Option(help="Its own time cap, seconds: an item starts only if it fits.")] = 300.0,
 ) -> None:
     """On a CUDA GPU: the CUDA tests, every method's step, syncs, memory, CPU agreement, the paired bench of what
     runs use, kernels per step, --deterministic repeated, NormProp's two folds, the paper and gpu presets' projected
@@ -70,12 +71,12 @@ def gpu_check(
     from normprop_cli.experiments.plan import project
 
     names = parse_methods(methods)
-    if budget <= 0:
-        raise UserError(f"--budget must be > 0, got {budget}")
+    if budget <= 0 or cap <= 0:
+        raise UserError(f"--budget and --cap must be > 0, got {budget} and {cap}")
     paper = functools.partial(project, "paper")  # reproduce-all --preset paper at this GPU's step times
     fashion = functools.partial(project, "gpu")  # and --preset gpu (Fashion-MNIST's 1x32x32 steps)
     code = run_gpu_check(results_dir=results_dir, methods=names, budget_s=budget, tests=tests, project=paper,
-                         fashion_plan=fashion)  # fmt: skip
+                         fashion_plan=fashion, cap_s=cap)  # fmt: skip
     raise typer.Exit(code)
 
 

@@ -143,9 +143,9 @@ def test_the_quick_presets_time_is_the_measurement():
     comment = header("preset", "quick")
     assert int(re.search(r"about (\d+) minutes", comment)[1]) == round(total)
     assert all(t in comment for t in times)
-    # The README and the presets table state the same measurement, on the same CPU.
-    assert f"took {whole['time']}" in README
-    assert whole["CPU model and cores"].split(", 2 cores")[0] in README
+    # The README's findings call the quick preset a quarter-hour demonstration, and the presets table states
+    # the measurement.
+    assert "quarter-hour demonstration" in README and 10 <= total <= 20
     row = next(line for line in (DOCS / "presets-and-data.md").read_text().splitlines() if line.startswith("| `quick`"))
     assert whole["time"] in row
 

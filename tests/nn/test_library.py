@@ -38,9 +38,11 @@ def test_the_readme_library_section_imports_normprop_and_its_code_runs():
     assert re.search(r"^from normprop import ", code, re.M) and "normprop_cli" not in code
     scope = {}
     exec(code, scope)  # the example builds its model and constrains it
-    out = scope["model"](torch.randn(2, 3, 32, 32))
+    out = scope["model"](torch.randn(2, 1, 8, 8))  # the pooled head takes digits' 1x8x8 images
     assert out.shape == (2, 10)
+    assert torch.isfinite(scope["loss"])
     assert "re-normalise" in section and "pool" in section  # the pooling advice is there
+    assert "docs/library.md" in section  # the whole recipe, trained, is there
 
 
 @pytest.mark.parametrize("cls", [NormPropConv2d, NormPropLinear])

@@ -1,6 +1,7 @@
 """The README and docs/ hold together: every relative link reaches a file (and a heading, for an anchor),
 every `normprop ...` command they show parses (the subcommand and each --option exist), the README stays
-short and narrow, and no page tells history (no "session", no commit hash outside the performance table)."""
+short and narrow, its prose states no number that `normprop report` does not write there or a committed
+source does not give, and no page tells history (no "session", no commit hash)."""
 
 import re
 from pathlib import Path
@@ -195,29 +196,51 @@ def test_no_page_speaks_of_sessions(page):
     assert re.findall(r"\bsession\b", page.read_text(), re.I) == []
 
 
-def performance_table(lines: list[str]) -> set[int]:
-    """The line numbers of docs/performance.md's table of measured wall times (the one with a commit column):
-    the one place where commits and dates belong."""
-    out = set()
-    for i, line in enumerate(lines):
-        if line.startswith("|") and "| commit |" in line:
-            j = i
-            while j < len(lines) and lines[j].startswith("|"):
-                out.add(j)
-                j += 1
-    return out
-
-
 @pytest.mark.parametrize("page", PAGES, ids=rel)
-def test_no_commit_hash_outside_the_performance_table(page):
-    lines = page.read_text().splitlines()
-    allowed = performance_table(lines) if page.name == "performance.md" else set()
-    found = [(n + 1, h) for n, line in enumerate(lines) if n not in allowed for h in HASH.findall(line)]
+def test_no_commit_hash(page):
+    found = [(n + 1, h) for n, line in enumerate(page.read_text().splitlines()) for h in HASH.findall(line)]
     assert found == []
 
 
-def test_the_performance_table_holds_the_commits():
-    lines = (ROOT / "docs" / "performance.md").read_text().splitlines()
-    rows = performance_table(lines)
-    assert rows and any(HASH.search(lines[n]) for n in rows)
-    assert HASH.findall("at 5ba05ea and f71c051, not avx512 nor 1234567 nor deadbeef") == ["5ba05ea", "f71c051"]
+def test_a_commit_hash_is_seen_and_words_of_hex_letters_or_digits_alone_are_not():
+    text = "at 5ba05ea and f71c051, not avx512 nor 1234567 nor deadbeef nor float32, bfloat16, sm90 or 3x32x32"
+    assert HASH.findall(text) == ["5ba05ea", "f71c051"]
+
+
+# --- the README's numbers ---------------------------------------------------------------------------------
+
+NUMBER = re.compile(r"[\w.,:%/+-]*\d[\w.,:%/+-]*")
+# What the README's prose may quote: the paper's citation, the claims' ids and words, the data sets' names.
+SOURCES = [ROOT / "CITATION.cff", ROOT / "pyproject.toml", ROOT / "conf" / "claims.yaml",
+           *sorted((ROOT / "conf" / "dataset").glob("*.yaml"))]  # fmt: skip
+
+
+def numbers(text: str) -> set[str]:
+    return {t.strip(".,:;") for t in NUMBER.findall(text)}
+
+
+def prose_numbers(text: str) -> list[tuple[int, str]]:
+    """(line, token) of every digit-bearing word of the README outside what `normprop report` writes
+    (between the markers), code blocks, inline code and link targets."""
+    prose, _ = split(text)
+    found, generated = [], False
+    for number, line in enumerate(prose, 1):
+        if line.strip() in MARKERS:
+            generated = line.strip() == MARKERS[0]
+            continue
+        if not generated:
+            line = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", line))
+            found += [(number, t) for t in sorted(numbers(line))]
+    return found
+
+
+def test_every_number_in_the_readmes_prose_is_generated_or_given_by_a_committed_source():
+    allowed = set().union(*(numbers(p.read_text()) for p in SOURCES))
+    stray = [(n, t) for n, t in prose_numbers((ROOT / "README.md").read_text()) if t not in allowed]
+    assert stray == [], "a number the README states by hand: have `normprop report` write it, or leave it out"
+
+
+def test_the_number_check_sees_a_stray_number_and_not_a_generated_one():
+    text = f"A step took 1.09 times as long.\n{MARKERS[0]}\n| C1 | 0.01 [-0.60, 0.63] pp |\n{MARKERS[1]}\n"
+    text += "Run `make reproduce-all` ([x](a/b2.md)) on C5.\n```\nx = torch.randn(2, 1, 8, 8)\n```\n"
+    assert prose_numbers(text) == [(1, "1.09"), (5, "C5")]

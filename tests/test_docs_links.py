@@ -244,3 +244,11 @@ def test_the_number_check_sees_a_stray_number_and_not_a_generated_one():
     text = f"A step took 1.09 times as long.\n{MARKERS[0]}\n| C1 | 0.01 [-0.60, 0.63] pp |\n{MARKERS[1]}\n"
     text += "Run `make reproduce-all` ([x](a/b2.md)) on C5.\n```\nx = torch.randn(2, 1, 8, 8)\n```\n"
     assert prose_numbers(text) == [(1, "1.09"), (5, "C5")]
+
+
+def test_the_first_screen_says_what_normprop_is_what_it_found_on_what_evidence_and_the_two_commands():
+    first = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    assert "Normalization Propagation" in first
+    assert MARKERS[0] in first and MARKERS[1] in first  # the findings, whole
+    assert "strongest evidence" in first and "width" in first and "CIFAR-10" in first and "quick preset" in first
+    assert "`make reproduce-all`" in first and "`make test`" in first

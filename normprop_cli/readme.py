@@ -24,7 +24,7 @@ START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
 STRENGTH = ("gpu", "fashion", "cpu", "quick")
 NAMES = {"fashion-mnist": "Fashion-MNIST", "digits": "digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
          "svhn": "SVHN"}  # fmt: skip
-WRAP = 110
+WRAP = 116
 
 
 def read_verdicts(tree: Path) -> pd.DataFrame:
@@ -171,12 +171,12 @@ def how_to_read() -> str:
     for c in verdicts.claims():
         kinds.setdefault(c.kind, []).append(c.id)
     parts = {
-        verdicts.SUPERIORITY: "({ids}, superiority) above 0 favours the paper; reproduced when the 95% interval "
-        "lies above 0",
-        verdicts.NON_INFERIORITY: "({ids}, non-inferiority) NormProp's advantage over its baseline; reproduced "
-        "when the 95% interval lies above minus the margin",
-        verdicts.EQUIVALENCE: "({ids}, equivalence) the difference between two settings; reproduced when the 90% "
-        "interval lies inside plus or minus the margin, so a large effect of either sign is not reproduced",
+        verdicts.SUPERIORITY: "superiority ({ids}): above 0 favours the paper, reproduced when the 95% interval lies "
+        "above 0",
+        verdicts.NON_INFERIORITY: "non-inferiority ({ids}): NormProp's advantage over its baseline, reproduced when "
+        "the 95% interval lies above minus the margin",
+        verdicts.EQUIVALENCE: "equivalence ({ids}): the difference between two settings, reproduced when the 90% "
+        "interval lies within plus or minus the margin, so a large effect of either sign is not",
     }
     texts = [parts[k].format(ids=", ".join(ids)) for k, ids in kinds.items() if k in parts]
     return "How to read an effect: " + "; ".join(texts) + "."
@@ -201,10 +201,9 @@ def block(results: Path) -> str:
     report = f"{results.name}/REPORT.md"
     head = f"Each claim is judged on its strongest evidence ({order}). {found(best)}"
     quick = (
-        "The quick preset, what `make reproduce-all` runs by default, is a quarter-hour demonstration of the "
-        "pipeline on two CPU cores: its verdicts are weak and may differ from one CPU to another. "
-        f"[{report}]({report}) gives every preset's verdicts with their margins, both halves of the seeds, the "
-        "leave-one-seed-out flips and the other robustness checks."
+        "The quick preset (`make reproduce-all`'s default) is a quarter-hour demonstration of the pipeline on two "
+        f"CPU cores; its verdicts are weak and may differ by CPU. [{report}]({report}): every preset's verdicts, "
+        "margins, halves of the seeds and robustness checks."
     )
     paragraphs = [head, "", *markdown(table, ["claim", "verdict", "effect [interval]", "what it means", "evidence"])]
     for text in (scope(trees), how_to_read(), quick):

@@ -38,7 +38,9 @@ def unit_of(claim: verdicts.Claim) -> str:
     """The effect's unit: the claim's own, or for a unitless effect what it is a difference of."""
     if claim.unit:
         return claim.unit
-    return "(1 − ratio)" if claim.metric.startswith("1 - ") else "(below the band)"
+    if claim.metric.startswith("1 - "):
+        return "(1 − ratio)"
+    return "(band − largest deviation)" if claim.metric.startswith("band ") else ""
 
 
 def _number(row: dict, key: str) -> float:
@@ -54,7 +56,20 @@ def effect_text(row: dict, claim: verdicts.Claim) -> str:
 
 
 def meaning(row: dict, claim: verdicts.Claim) -> str:
-    """One plain sentence of what the verdict says, from a template per kind of test."""
+    """One plain sentence of what the verdict says, from a template per kind of test, and how firmly."""
+    text = _sentence(row, claim)
+    caveats = []
+    flips, n = row.get("loso_flips"), row.get("n_seeds")
+    if flips is not None and not pd.isna(flips) and int(flips) > 0:
+        caveats.append(f"leaving one seed out changes the verdict in {int(flips)} of {int(n)} cases")
+    if row.get("settled") is False or str(row.get("settled")) == "False":
+        caveats.append("it changed over the last quarter of the epochs")
+    if caveats and row["verdict"] != verdicts.INCONCLUSIVE:
+        text = f"{text[:-1]}; fragile: {' and '.join(caveats)}."
+    return text
+
+
+def _sentence(row: dict, claim: verdicts.Claim) -> str:
     kind, verdict = claim.kind, row["verdict"]
     level = f"{verdicts.level_of(kind):.0%}"
     effect, low, high = (_number(row, k) for k in ("effect", "ci_low", "ci_high"))

@@ -58,3 +58,18 @@ def test_the_evidence_names_the_preset_data_width_and_device(tmp_path):
     t = readme.Tree(tmp_path, t.frame.assign(preset="fashion"))
     text = readme.evidence(t, t.rows()[0], CLAIMS["C5"])
     assert text == "fashion: Fashion-MNIST, width 0.25, 6 seeds, 8 epochs, CPU"
+
+
+def test_a_fragile_verdict_says_so():
+    r = row("C5", "not reproduced", effect=-1.46, low=-1.8, high=-1.11, margin=1.1) | {
+        "loso_flips": 4,
+        "settled": False,
+    }
+    text = readme.meaning(r, CLAIMS["C5"])
+    assert "fragile: leaving one seed out changes the verdict in 4 of 6 cases" in text
+    assert "changed over the last quarter" in text
+    firm = row("C5", "not reproduced", effect=-1.46, low=-1.8, high=-1.11, margin=1.1) | {
+        "loso_flips": 0,
+        "settled": True,
+    }
+    assert "fragile" not in readme.meaning(firm, CLAIMS["C5"])

@@ -123,7 +123,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     plots.note_if_empty(acc, last["mean"])
     low, high = acc.get_ylim()
     acc.set_ylim(max(low, 0.0), min(high, 100.0))
-    acc.set_xticks(range(len(order)), [ACTIVATION_LABELS.get(a, a) for a in order])
+    acc.set_xticks(range(len(order)), [ACTIVATION_LABELS.get(a, a) for a in order], rotation=20, ha="right")
     acc.set_ylabel(f"final test accuracy (%), epoch {epoch}")
     acc.set_title("NormProp vs BatchNorm, same activation (95% CI)", fontsize=9)
     acc.legend(frameon=False, fontsize=8)

@@ -50,6 +50,13 @@ def centre_rows(weight: Tensor) -> Tensor:
 class _Centred(NormPropLayer):
     """What the centred conv and linear layers share: V_i in place of W_i (module docstring)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # the conv or linear layer's own arguments, next in the MRO
+        self._centre_init()
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, centred"
+
     def _centre_init(self) -> None:
         self.folded_path = False  # the fold reads the raw weights; centring takes the plain road
 
@@ -64,20 +71,6 @@ class _Centred(NormPropLayer):
 class CentredNormPropConv2d(_Centred, NormPropConv2d):
     """NormPropConv2d on centred filters V_i = W_i - mean(W_i) (module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._centre_init()
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, centred"
-
 
 class CentredNormPropLinear(_Centred, NormPropLinear):
     """NormPropLinear (eq. 9) on centred rows V_i = W_i - mean(W_i)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._centre_init()
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, centred"

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from normprop_cli import outcomes, statistics
 from normprop_cli.experiments import tables as run_tables
-from normprop_cli.experiments.normalizers.tables import POWER, label, read_table
+from normprop_cli.experiments.normalizers.tables import POWER, label, read_table, table
 from normprop_cli.statistics import markdown
 
 
@@ -99,6 +99,8 @@ def paragraphs(cfg: DictConfig) -> list[str]:
                          _ci(r, "best"), vs, _pp(r["mdd"]), _ci(r, "drift"), f"{r['step_ms']:.1f}"])  # fmt: skip
         out.append(f"*Batch size {int(bs)}:*\n\n" + "\n".join(markdown(rows, head, rule="---")))
         out.append(_finding(g, int(bs), ref, reference))
+    out.append(seeds_added(cfg, t))
+    out = [part for part in out if part]
     gaps = t[t["mode_gap"].notna()]
     if len(gaps):
         parts = [
@@ -114,6 +116,72 @@ def paragraphs(cfg: DictConfig) -> list[str]:
             "interval of the seeds' paired differences)."
         )
     return out
+
+
+def seeds_added(cfg: DictConfig, t: pd.DataFrame) -> str:
+    """Where `experiment.extra_seeds` gives some settings more seeds than the preset's `seeds`: when their
+    runs trained beside the first seeds' (from the runs' manifests), and every comparison at their batch
+    sizes on the first seeds alone beside all seeds, so that a reading the added seeds moved shows as
+    such; '' where no setting has added seeds."""
+    from normprop_cli.engine.runs import read_manifest, run_dir
+
+    extra = {str(k): int(v) for k, v in (cfg.experiment.get("extra_seeds") or {}).items() if int(v) > 0}
+    if not extra:
+        return ""
+    summary = run_tables.read(cfg, "summary")
+    if "seed" not in summary or not summary["setting"].isin(list(extra)).any():
+        return ""
+    n, reference = int(cfg.seeds), cfg.experiment.get("reference", "normprop-icml")
+    first = summary["seed"] < int(cfg.seed) + n
+    before = table(cfg, summary[first])
+
+    def when(runs: pd.DataFrame, key: str) -> list[str]:
+        found = [(read_manifest(run_dir(cfg, str(r))) or {}).get(key) for r in runs["run"]]
+        return sorted(str(v) for v in found if v)
+
+    added_start, first_end = when(summary[~first], "started"), when(summary[first], "finished")
+    stamp = lambda s: s[:16].replace("T", " ") + " UTC"  # noqa: E731  (ISO 8601 in UTC: '2026-11-25 19:23 UTC')
+    if added_start and first_end:
+        order = "after" if added_start[0] > first_end[-1] else "while some of"
+        timing = (f"Their runs trained {order} the first {n} seeds of every setting had finished (the added "
+                  f"seeds' first run started {stamp(added_start[0])}; the last of the first {n} seeds' finished "
+                  f"{stamp(first_end[-1])}).")  # fmt: skip
+    else:
+        timing = "The runs' manifests do not record when they trained."
+    named = ", ".join(f"{label(str(summary.loc[summary['setting'] == s, 'normalizer'].iloc[0]))} at batch "
+                      f"{int(summary.loc[summary['setting'] == s, 'batch_size'].iloc[0])} (+{k})"
+                      for s, k in extra.items() if (summary["setting"] == s).any())  # fmt: skip
+    sizes = sorted({int(b) for b in summary.loc[summary["setting"].isin(list(extra)), "batch_size"]})
+    head = ["batch", "method", "seeds", f"vs {label(reference)}, first {n} seeds (pp)", "p (uncorrected)",
+            "vs it, all seeds (pp)", "reading"]  # fmt: skip
+    rows, moved = [], []
+    for bs in sizes:
+        then = before[(before["batch_size"] == bs) & (before["normalizer"] != reference)]
+        now = t[(t["batch_size"] == bs)].set_index("normalizer")
+        for _, r in then.iterrows():
+            m = r["normalizer"]
+            if m not in now.index:
+                continue
+            a, b = r["reading"], now.loc[m, "reading"]
+            change = f"{a} -> {b}" if a != b else a
+            if a != b:
+                moved.append(f"{label(m)} at batch {bs} ({change})")
+            rows.append([str(bs), label(m), f"{int(r['n'])} / {int(now.loc[m, 'n'])}", f"{_ci(r, 'diff')} {a}",
+                         f"{float(r['p_value']):.3f}", f"{_ci(now.loc[m], 'diff')} {b}", change])  # fmt: skip
+    changed = (
+        f"The added seeds change {len(moved)} reading{'s' * (len(moved) != 1)}: {'; '.join(moved)}. A reading that "
+        f"changed only with seeds added after the first {n} seeds' results rests on a sample size chosen after "
+        f"seeing them: read it beside its {n}-seed reading."
+        if moved
+        else "No reading changes with the added seeds."
+    )
+    return (
+        f"*Seeds added after results.* The preset gives {named} more seeds than the {n} of every other setting "
+        f"(`experiment.extra_seeds`), where more seeds could settle a comparison that the first {n} left open. "
+        f"{timing} Each comparison at {'batch ' if len(sizes) == 1 else 'batches '}"
+        f"{', '.join(map(str, sizes))} on the first {n} seeds alone (each method's and {label(reference)}'s) beside "
+        f"all seeds, at the same corrected level:\n\n" + "\n".join(markdown(rows, head, rule="---")) + f"\n\n{changed}"
+    )
 
 
 def correction(t: pd.DataFrame, ref: str) -> str:

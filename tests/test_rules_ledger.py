@@ -145,3 +145,28 @@ def test_a_margin_changed_after_the_results_is_said_so_and_a_recorded_one_is_dat
     assert "test version t2 fixed at 2026-01-05 12:30 UTC (recorded: first used)" in text
     assert "margin changed after the results, test changed after the results" in text
     assert [f.claim for f in rules.fixed(tree)] == ["C5"]
+
+
+def test_every_claims_test_code_is_the_code_its_declared_version_was_declared_for():
+    """A change to a claim's test code is declared (conf/claim_tests.yaml): a new `id` where it judges
+    differently, a new `source` alone where it was only rewritten; never an undeclared change."""
+    from normprop_cli.verdicts.ledger import declared, source_version
+    from normprop_cli.verdicts.measures import MEASURES
+
+    tests = declared()
+    assert sorted(tests) == sorted(MEASURES), "every claim with a measure declares its test's version"
+    for claim, version in tests.items():
+        now = source_version(claim)
+        assert version["source"] == now, (
+            f"{claim}'s test code changed (hash {now}, declared for {version['source']}) in conf/claim_tests.yaml: "
+            f"set `id: {now}` as well if it judges differently, else only `source: {now}`"
+        )
+
+
+def test_a_rewrite_declared_as_one_keeps_the_ledgers_test_version(tmp_path, monkeypatch):
+    from normprop_cli.verdicts import ledger as rules
+
+    (tmp_path / "claim_tests.yaml").write_text("C5: {id: aaaaaaaaaaaa, source: bbbbbbbbbbbb}\n")
+    monkeypatch.setattr(rules.config, "conf_dir", lambda: tmp_path)
+    assert rules.test_version("C5") == "aaaaaaaaaaaa"  # the ledger's name for it, whatever the code's hash now
+    assert rules.test_version("C1") == rules.source_version("C1")  # undeclared: the code's own hash

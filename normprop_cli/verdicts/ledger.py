@@ -1,8 +1,12 @@
 """What judged each verdict, recorded when it is first used: a claim's rule is its entry in conf/claims.yaml
-and the version of its test (the source of its measure, MEASURES, and of everything in the verdicts'
-statistics that it and the rule, tabulate.judge, call: a change to any of them is a new version). The
-report appends a "rule" entry to the tree's ledger (engine.ledger) the first time it computes a verdict
-with a (claim, entry, test) it has not used on that tree's results before, with the verdict it gave.
+and the version of its test. A test's version is declared in conf/claim_tests.yaml: its `id` (what the ledger
+records) and the `source` it was declared for, a hash of the code of its measure (MEASURES) and of everything
+in the verdicts' statistics that the measure and the rule (tabulate.judge) call, however deep. A change to that
+code fails the suite until it is declared: a new `id` where the test now judges differently, a new `source`
+alone where the code was only rewritten (the same verdicts from the same results, which the committed
+reports' test checks). The report appends a "rule" entry to the tree's ledger (engine.ledger) the first time
+it computes a verdict with a (claim, entry, test) it has not used on that tree's results before, with the
+verdict it gave.
 
 `fixed` reads the ledger back: for each claim, the rule in force now, when it was first used, the earlier
 rules used on these results, and whether the current one came after the results it judges.
@@ -58,8 +62,22 @@ def _called(function) -> list:
     return [f for f in found if getattr(f, "__module__", "").startswith(OURS) and inspect.isfunction(f)]
 
 
-@lru_cache(maxsize=16)
+TESTS = "claim_tests.yaml"  # in conf/: each claim's declared test version
+
+
+def declared() -> dict[str, dict]:
+    """conf/claim_tests.yaml: {claim: {"id": the version the ledger records, "source": its source_version}}."""
+    return dict(io.read_yaml(config.conf_dir() / TESTS) or {})
+
+
 def test_version(claim_id: str) -> str:
+    """The claim's declared test version (conf/claim_tests.yaml's `id`); a claim not declared there, the hash of
+    its code now (source_version)."""
+    return str((declared().get(claim_id) or {}).get("id") or source_version(claim_id))
+
+
+@lru_cache(maxsize=16)
+def source_version(claim_id: str) -> str:
     """A hash of the source of the claim's measure and the rule (tabulate.judge), and of every function of
     the verdicts' statistics they call, however deep."""
     seen, todo = {}, [MEASURES[claim_id], judge] if claim_id in MEASURES else [judge]

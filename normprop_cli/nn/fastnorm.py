@@ -2,11 +2,10 @@
 gradient written out: the same numbers as timm's `FilterResponseNormTlu2d` and `EvoNorm2dS0` (tests
 hold them to 1e-6 in float32), in fewer passes over the activations. timm's eager forms chain a dozen
 elementwise operators, each a pass over an [N, C, H, W] map forward and another backward, and
-broadcast their statistics by materialising them at full size; at batch 50 a step then costs 3-4.5
-times a plain one (`normprop bench`). Here the statistics are [N, C] reductions, every full-size
-pass is one fused operator (addcmul), and a pass whose input is the Function's own temporary writes
-over it in place: on the CPU, FRN's and EvoNorm's NIN steps at batch 50 took 0.77-0.90 of their time
-with every pass into a new tensor, for the same numbers bit for bit (docs/performance.md).
+broadcast their statistics by materialising them at full size. Here the statistics are [N, C]
+reductions, every full-size pass is one fused operator (addcmul), and a pass whose input is the
+Function's own temporary writes over it in place, for the same numbers bit for bit as writing every
+pass into a new tensor (docs/performance.md has the measured steps).
 
     FRN + TLU (Singh and Krishnan 2020), per image n and channel c:
         s = (mean_HW(x^2) + eps)^(-1/2),  z = w x s + b,  y = max(z, tau)

@@ -326,3 +326,15 @@ def test_an_empty_results_tree_has_nothing_measured(tmp_path):
     assert set(table["verdict"]) == {V.NOT_MEASURED}
     path = V.write_verdicts(tmp_path)
     assert list(pd.read_csv(path).columns) == V.COLUMNS
+
+
+def test_a_claim_whose_experiment_the_preset_does_not_run_says_so_not_which_command_would(tmp_path):
+    from normprop_cli.verdicts.rule import claims
+    from normprop_cli.verdicts.tabulate import rows_of
+
+    by_id = {c.id: c for c in claims()}
+    (row,) = rows_of(by_id["C1"], tmp_path, "gpu")  # data-norm: not one of the gpu preset's experiments
+    assert row["verdict"] == V.NOT_MEASURED
+    assert row["note"] == "the gpu preset does not run `data-norm` (it runs table1, timing)"
+    (row,) = rows_of(by_id["C5"], tmp_path, "gpu")  # table1 is, and has no results here: the command that runs it
+    assert "normprop run table1 --preset gpu" in row["note"]

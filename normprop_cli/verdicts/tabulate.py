@@ -73,6 +73,17 @@ def margin_note(claim: Claim, m: Measurement) -> list[str]:
     return [f"margin {float(claim.margin):g} × {reference:.2f}% ({claim.relative_to}) = {margin:.3g} {claim.unit}"]
 
 
+def preset_experiments(preset: str) -> list[str] | None:
+    """The experiments `normprop reproduce-all --preset PRESET` runs (its `preset.experiments`); None where the
+    preset does not list them (it runs every one) or is not a preset of conf/preset/."""
+    from normprop_cli import config
+
+    if preset not in config.options("preset"):
+        return None
+    listed = config.root(preset).preset.get("experiments")
+    return [str(e) for e in listed] if listed is not None else None
+
+
 def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
     """One row per data set the claim's experiment ran on; one "not measured" row if none."""
     head = {"claim": claim.id, "source": claim.source, "experiment": claim.experiment}
@@ -83,7 +94,10 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         return [head | {"dataset": "", "preset": preset, "verdict": NOT_YET_MEASURED, "note": note}]
     dirs = result_dirs(results, claim.experiment)
     if not dirs:
+        runs = preset_experiments(preset)
         note = f"`{hints.command('run', claim.experiment, preset=preset, results_dir=results)}` produces it"
+        if runs is not None and claim.experiment not in runs:
+            note = f"the {preset} preset does not run `{claim.experiment}` (it runs {', '.join(runs)})"
         return [head | {"dataset": "", "preset": preset, "verdict": NOT_MEASURED, "note": note}]
     rows = []
     for sweep in dirs:

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from normprop_cli.device import synchronize
 from normprop_cli.errors import first_line
 from normprop_cli.nn import constrain_unit_norm_
+from normprop_cli.nn.layers import sgd_step_and_constrain_
 from normprop_cli.nn.methods import is_kernel
 
 
@@ -184,10 +185,12 @@ class Step:
             self.clip()
         if clock is not None:
             clock.mark("backward")
-        self.optimizer.step()
+        stepped = self.constrain and sgd_step_and_constrain_(self.model, self.optimizer)  # CUDA's triton road
+        if not stepped:
+            self.optimizer.step()
         if clock is not None:
             clock.mark("optimizer")
-        if self.constrain:
+        if self.constrain and not stepped:
             constrain_unit_norm_(self.model)  # section 4.4
         if clock is not None:
             clock.mark("constraint")

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .fused import fused_fold, takes_fused
+from .fused import fused_fold, takes_fused, takes_triton
 
 
 class Folded(NamedTuple):
@@ -55,7 +55,12 @@ def _fold_flat(layers: Sequence) -> Folded:
 def fold_layers(layers: Sequence, roads: Sequence[bool]) -> list[tuple[Tensor, Tensor | None, Tensor, bool]]:
     """(u_i, s_i, b_i, output road) for each layer, what its convolution takes (module docstring);
     `roads[i]`: whether layer i scales its output rather than its weights. One autograd node for all. Where
-    fused.takes_fused says so (CUDA), fused.py's road instead: every layer on its weights, in fewer kernels."""
+    fused.takes_triton or fused.takes_fused says so (CUDA), that road instead: every layer on its weights, in fewer
+    kernels (triton_fold.py, fused.py)."""
+    if takes_triton([m.weight for m in layers] + [m.gamma for m in layers] + [m.beta for m in layers]):
+        from .triton_fold import fold  # Triton, imported where its road is taken
+
+        return fold(layers)
     if takes_fused([m.weight for m in layers]):
         return fused_fold(layers)
     n = len(layers)

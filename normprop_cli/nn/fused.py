@@ -13,19 +13,28 @@ multiplies and rescales. Here, per layer i with g_i = gamma_i / (f c1) (c1 = 1, 
 
 always on the weights: at batch size 1 the output road saves bytes, which a GPU step does not lack, and
 costs kernels. The same operations run on the CPU, where they are tested against the batched road (`ROAD`).
+
+Where Triton is installed (torch's CUDA wheels ship it) and the GPU takes it, CUDA takes the "triton" road
+instead (triton_fold.py): the layers' parameters in one flat buffer, and the fold's forward, its backward and
+SGD's step with the constraint one Triton kernel each over the whole buffer. Layers it cannot take (weights
+that are not contiguous float32) keep this road.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
+import importlib.util
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-ROADS = ("auto", "fused", "batched")
-# Which road NormProp's folded layers and the unit-norm constraint take: "auto" the fused one on CUDA and
-# the batched one (folded.py; the CPU's numbers) elsewhere; "fused" or "batched" on every device.
+ROADS = ("auto", "fused", "batched", "triton")
+# Which road NormProp's folded layers and the unit-norm constraint take: "auto" the triton one on CUDA where
+# Triton runs on the GPU, else the fused one, and the batched one (folded.py; the CPU's numbers) elsewhere;
+# "fused", "batched" or "triton" on every device (on the CPU, Triton's kernels run in its interpreter).
 ROAD = "auto"
 
 
@@ -34,8 +43,41 @@ def set_road(road: str) -> str:
     global ROAD
     if road not in ROADS:
         raise ValueError(f"the fold's road must be one of {', '.join(ROADS)}, got {road!r}")
+    if road == "triton" and not triton_installed():
+        raise ValueError("the fold's triton road needs Triton 3.3 or later (pip install triton); take fused or batched")
     before, ROAD = ROAD, road
     return before
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether Triton 3.3 or later is installed (kernel arguments that are tuples, which the backward takes)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # installed under another distribution's name (pytorch-triton)
+        import triton
+
+        version = triton.__version__
+    return tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) >= (3, 3)
+
+
+@functools.cache
+def _triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton compiles for this CUDA device (compute capability 7.0 or more)."""
+    return triton_installed() and torch.cuda.get_device_capability(device)[0] >= 7
+
+
+def takes_triton(weights: Sequence[Tensor]) -> bool:
+    """Whether weights of this device, dtype and layout take the triton road (triton_fold.py): `ROAD`, and
+    contiguous float32 filters on one device."""
+    if ROAD not in ("auto", "triton") or not weights:
+        return False
+    device = weights[0].device
+    if ROAD == "auto" and (device.type != "cuda" or not _triton_runs_on(device)):
+        return False
+    return all(w.dtype == torch.float32 and w.device == device and w.is_contiguous() for w in weights)
 
 
 @contextlib.contextmanager
@@ -49,8 +91,9 @@ def using_road(road: str) -> Iterator[None]:
 
 
 def takes_fused(weights: Sequence[Tensor]) -> bool:
-    """Whether weights of this device and layout take the fused road: `ROAD`, and contiguous filters (the
-    layout the weight-norm kernel and the foreach fast path take; channels_last weights keep the batched road)."""
+    """Whether weights of this device and layout take the fused road: `ROAD` (the triton road's layers that it
+    cannot take too), and contiguous filters (the layout the weight-norm kernel and the foreach fast path take;
+    channels_last weights keep the batched road)."""
     if ROAD == "batched" or not weights:
         return False
     if ROAD == "auto" and weights[0].device.type != "cuda":

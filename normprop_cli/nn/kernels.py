@@ -16,6 +16,7 @@ What counts as a kernel, as CUDA's eager PyTorch launches them:
     tensors as 1 to 5 lists take part, or per 320 chunks of 65,536 elements), plus one for `_foreach_norm`'s
     final pass; otherwise one kernel per tensor of the list (CUDA's slow path: a broadcast, mixed dtypes);
   - a convolution: one, and one more to add its bias (cuDNN's); its backward: one per gradient asked for;
+  - an operator of our own (nn/triton_fold.py's, each a torch.library.triton_op launching one Triton kernel): one;
   - anything else: one.
 """
 

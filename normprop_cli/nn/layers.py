@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .folded import _autocast_dtype, _channels, floor_, fold_layers
-from .fused import fused_unit_norm_, takes_fused
+from .fused import fused_unit_norm_, takes_fused, takes_triton
 from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
@@ -338,9 +338,27 @@ def constrain_unit_norm_(model: nn.Module) -> None:
     changes the function the model computes, only the optimisation: the gradient with
     respect to W_i scales with 1/||W_i||, so fixing ||W_i|| = 1 fixes the effective step.
     """
-    weights = [m.weight for m in model.modules() if isinstance(m, NormPropLayer)]
+    layers = [m for m in model.modules() if isinstance(m, NormPropLayer)]
+    weights = [m.weight for m in layers]
+    if takes_triton(weights):  # CUDA: one Triton kernel over the flat buffer, where the layers have one
+        from .triton_fold import unit_norm_
+
+        if unit_norm_(layers):
+            return
     if takes_fused(weights):  # CUDA: the fused weight-norm kernel, every filter in one kernel per layer
         fused_unit_norm_(weights)
     elif weights:
         norms = [torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim)), keepdim=True) for w in weights]
         torch._foreach_div_(weights, norms)
+
+
+def sgd_step_and_constrain_(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """`optimizer.step()` then `constrain_unit_norm_(model)`, where NormProp's layers take the triton road
+    (fused.takes_triton: CUDA) and have one flat buffer: their SGD step and the constraint in one Triton kernel,
+    torch's step for every other parameter; True then. Elsewhere nothing is done and False returned."""
+    layers = [m for m in model.modules() if isinstance(m, NormPropLayer)]
+    if not takes_triton([m.weight for m in layers]):
+        return False
+    from .triton_fold import sgd_and_unit_norm_
+
+    return sgd_and_unit_norm_(layers, optimizer)

@@ -116,11 +116,14 @@ def test_the_fused_road_under_bfloat16_autocast_folds_in_float32_and_gives_float
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("batch", "lr"), [(1, 0.005), (8, 0.05)])
 def test_on_cuda_the_fused_road_trains_as_the_cpus_batched_road_within_1e_5(batch, lr):
-    """CUDA's own road ("auto"), full float32 (no TF32, cuDNN deterministic), against the CPU's, step by step."""
+    """The fused road on CUDA (CUDA's own where Triton does not run), full float32 (no TF32, cuDNN deterministic),
+    against the CPU's batched road, step by step."""
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
     try:
-        cpu, cuda = trained_on("cpu", batch, lr), trained_on("cuda", batch, lr)
+        cpu = trained_on("cpu", batch, lr)
+        with fused.using_road("fused"):
+            cuda = trained_on("cuda", batch, lr)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = flags
     for (loss_b, grads_b, _), (loss_f, grads_f, norms_f) in zip(cpu, cuda, strict=True):

@@ -1,5 +1,5 @@
 """The kernels one warm training step launches on CUDA, counted on the CPU from its ATen operations
-(nn/kernels.py): NormProp's weight side on the road CUDA takes stays within a fixed number of a plain step's."""
+(nn/kernels.py): NormProp's weight side on the roads CUDA takes stays within a fixed number of a plain step's."""
 
 import pytest
 import torch
@@ -10,7 +10,8 @@ from normprop_cli.nn.kernels import KernelCount, step_kernels
 from normprop_cli.nn.layers import has_normprop_layers
 from normprop_cli.nn.methods import METHODS
 
-NORMPROP_OVER_NONE = 40  # kernels NormProp's step may add to a plain one's on CUDA's road
+NORMPROP_OVER_NONE = 40  # kernels NormProp's step may add to a plain one's on the fused road
+NORMPROP_TRITON_OVER_NONE = 12  # and on the triton road (nn/triton_fold.py), CUDA's where Triton runs
 
 
 def kernels(method: str, batch: int) -> KernelCount:
@@ -29,11 +30,25 @@ def fused_road():
 
 
 @pytest.mark.parametrize("batch", [1, 50])
-def test_normprops_step_on_the_cuda_road_launches_at_most_40_kernels_more_than_a_plain_step(batch, fused_road):
+def test_normprops_step_on_the_fused_road_launches_at_most_40_kernels_more_than_a_plain_step(batch, fused_road):
     none, normprop = kernels("none", batch), kernels("normprop-icml", batch)
     assert normprop.total <= none.total + NORMPROP_OVER_NONE, normprop.by_op.most_common()
     assert "clone" not in normprop.by_op  # the clamp keeps no copy of its input at any size
     assert normprop.by_op["_weight_norm_interface"] == 2 * 9  # the fold and the constraint, one per layer each
+
+
+@pytest.mark.parametrize("batch", [1, 50])
+def test_normprops_step_on_the_triton_road_launches_at_most_12_kernels_more_than_a_plain_step(batch):
+    """The fold's forward, its backward and SGD's step with the constraint, one Triton kernel each (run here in
+    Triton's interpreter), and torch's SGD with nothing left to step."""
+    pytest.importorskip("triton", minversion="3.3")
+    none = kernels("none", batch)
+    with fused.using_road("triton"):
+        normprop = kernels("normprop-icml", batch)
+    assert normprop.total <= none.total + NORMPROP_TRITON_OVER_NONE, normprop.by_op.most_common()
+    assert {op: normprop.by_op[op] for op in ("fold_forward", "fold_backward", "sgd_unit_norm_")} == {
+        "fold_forward": 1, "fold_backward": 1, "sgd_unit_norm_": 1}  # fmt: skip
+    assert "_weight_norm_interface" not in normprop.by_op and "_fused_sgd_" not in normprop.by_op
 
 
 def test_views_and_allocations_are_free_and_a_broadcasting_foreach_is_a_kernel_per_tensor():

@@ -14,10 +14,11 @@ multiplies and rescales. Here, per layer i with g_i = gamma_i / (f c1) (c1 = 1, 
 always on the weights: at batch size 1 the output road saves bytes, which a GPU step does not lack, and
 costs kernels. The same operations run on the CPU, where they are tested against the batched road (`ROAD`).
 
-Where Triton is installed (torch's CUDA wheels ship it) and the GPU takes it, CUDA takes the "triton" road
-instead (triton_fold.py): the layers' parameters in one flat buffer, and the fold's forward, its backward and
-SGD's step with the constraint one Triton kernel each over the whole buffer. Layers it cannot take (weights
-that are not contiguous float32) keep this road.
+The "triton" road (triton_fold.py) goes further: the layers' parameters in one flat buffer, and the fold's
+forward, its backward and SGD's step with the constraint one Triton kernel each over the whole buffer. It is
+taken where asked for (`set_road("triton")`), not by default: its kernels are tested in Triton's interpreter
+on the CPU, and `normprop gpu-check` compares them with the batched road on a GPU before "auto" may take them.
+Layers it cannot take (weights that are not contiguous float32) keep the fused road.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import torch
 from torch import Tensor
 
 ROADS = ("auto", "fused", "batched", "triton")
-# Which road NormProp's folded layers and the unit-norm constraint take: "auto" the triton one on CUDA where
-# Triton runs on the GPU, else the fused one, and the batched one (folded.py; the CPU's numbers) elsewhere;
-# "fused", "batched" or "triton" on every device (on the CPU, Triton's kernels run in its interpreter).
+# Which road NormProp's folded layers and the unit-norm constraint take: "auto" the fused one on CUDA and the
+# batched one (folded.py; the CPU's numbers) elsewhere; "fused", "batched" or "triton" on every device (on the
+# CPU, Triton's kernels run in its interpreter).
 ROAD = "auto"
 
 
@@ -63,20 +64,12 @@ def triton_installed() -> bool:
     return tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) >= (3, 3)
 
 
-@functools.cache
-def _triton_runs_on(device: torch.device) -> bool:
-    """Whether Triton compiles for this CUDA device (compute capability 7.0 or more)."""
-    return triton_installed() and torch.cuda.get_device_capability(device)[0] >= 7
-
-
 def takes_triton(weights: Sequence[Tensor]) -> bool:
     """Whether weights of this device, dtype and layout take the triton road (triton_fold.py): `ROAD`, and
     contiguous float32 filters on one device."""
-    if ROAD not in ("auto", "triton") or not weights:
+    if ROAD != "triton" or not weights:
         return False
     device = weights[0].device
-    if ROAD == "auto" and (device.type != "cuda" or not _triton_runs_on(device)):
-        return False
     return all(w.dtype == torch.float32 and w.device == device and w.is_contiguous() for w in weights)
 
 

@@ -52,3 +52,20 @@ def test_the_fold_comparison_is_not_available_without_two_folds(monkeypatch):
     assert gpu_fold.compare(None, torch.device("cpu")) is None
     passed, line, details = gpu_fold.item_lines(None)
     assert passed and line.startswith("not available") and details == []
+
+
+def test_the_fold_passes_on_its_first_step_and_on_the_steps_against_a_rounding_floor():
+    row = {"finite": True, "first_gap": 1e-6, "loss_gap": 0.3, "floor_gap": 0.2}  # chaos amplifies both alike
+    assert gpu_fold.passes(row)
+    assert not gpu_fold.passes(row | {"first_gap": 1e-2})  # a first step apart: another function, not rounding
+    assert not gpu_fold.passes(row | {"floor_gap": 1e-3})  # far past what one rounding grows to
+    assert gpu_fold.passes(row | {"loss_gap": 1e-4, "floor_gap": 0.0})
+    assert not gpu_fold.passes(row | {"finite": False})
+
+
+def test_the_noise_floor_moves_each_weight_by_about_one_float32_rounding():
+    model = torch.nn.Linear(64, 64).double()
+    before = [p.clone() for p in model.parameters()]
+    gpu_fold.perturb_(model)
+    moved = torch.cat([((p - b) / b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+    assert 0.5 * gpu_fold.ROUNDING < float(moved.std()) < 2 * gpu_fold.ROUNDING

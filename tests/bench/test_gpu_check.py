@@ -183,7 +183,8 @@ def test_a_run_killed_after_its_first_epoch_resumes_to_completion(tmp_path):
     written on the spot, killed once a first epoch's manifest is there, run again."""
     data = gpu_items.write_cifar10(tmp_path / "data", per_file=60, n_test=50)
     results = tmp_path / "results"
-    item = gpu_items.resumed_run("table1", data, results, "cpu", 120.0, ["model.width=0.0625"])
+    # a budget no loaded machine reaches: what is tested is the kill and the resume, not how fast they go
+    item = gpu_items.resumed_run("table1", data, results, "cpu", 3600.0, ["model.width=0.0625"])
     assert item.passed, item.line
     manifests = gpu_items.manifests(results, "table1")
     assert len(manifests) == 4 and all(m["status"] == "complete" and m["epochs_done"] == 2 for m in manifests)

@@ -175,14 +175,13 @@ def test_a_layer_alone_on_the_triton_road_is_eq_11(kind, activation, road):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("batch", "lr"), [(1, 0.005), (8, 0.05)])
 def test_on_cuda_the_triton_road_trains_as_the_cpus_batched_road_within_1e_5(batch, lr):
-    """CUDA's own road ("auto": triton where Triton runs), compiled, full float32 (no TF32, cuDNN deterministic),
-    against the CPU's batched road, step by step; the rate a tensor on CUDA, as its CUDA graph holds it."""
-    assert fused.takes_triton([torch.zeros(2, 2, device="cuda")])
+    """The triton road compiled for the GPU, full float32 (no TF32, cuDNN deterministic), against the CPU's
+    batched road, step by step; the rate a tensor on CUDA, as its CUDA graph holds it."""
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
     try:
-        cpu = trained("auto", batch=batch, lr=lr)[0]
-        cuda = trained("auto", batch=batch, lr=lr, device="cuda", tensor_lr=True)[0]
+        cpu = trained("batched", batch=batch, lr=lr)[0]
+        cuda = trained("triton", batch=batch, lr=lr, device="cuda", tensor_lr=True)[0]
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = flags
     assert_same_training(cuda, cpu)
@@ -202,9 +201,11 @@ def test_a_pack_made_by_an_evaluation_trains_after_it(road):
     assert (layer.filter_norms() - 1).abs().max() <= 1e-6 and before.shape == (1, 4, 3, 3)
 
 
-def test_auto_keeps_the_batched_road_on_the_cpu_and_triton_takes_only_contiguous_float32(road):
+def test_triton_is_taken_only_where_asked_for_and_only_contiguous_float32(road):
     w = [torch.randn(4, 3, 3, 3)]
     assert fused.ROAD == "auto" and not fused.takes_triton(w)
+    if torch.cuda.is_available():
+        assert not fused.takes_triton([w[0].cuda()])  # "auto" keeps CUDA on the fused road
     road("triton")
     assert fused.takes_triton(w) and not fused.takes_triton([w[0].double()])
     assert not fused.takes_triton([w[0].to(memory_format=torch.channels_last)])

@@ -140,7 +140,7 @@ def perturb_(model: torch.nn.Module, relative: float = ROUNDING, seed: int = 1) 
 
 
 def passes(row) -> bool:
-    """A compared road.s row: finite, its first step within FIRST_GAP, its steps within GAP or FLOOR_TIMES the floor."""
+    """A compared road's row: finite, its first step within FIRST_GAP, its steps within GAP or FLOOR_TIMES the floor."""
     steps_ok = row["loss_gap"] <= GAP or row["loss_gap"] <= FLOOR_TIMES * row["floor_gap"]
     return bool(row["finite"]) and row["first_gap"] <= FIRST_GAP and bool(steps_ok)
 

@@ -13,8 +13,9 @@ Inputs should be normalised per element (section 4.1). `activation=` takes "relu
 "prelu" (learnable slope), "tanh", "sigmoid", "identity" or a name given to
 `register_activation`; `jacobian=` takes "divide" (ICML), "init" (arXiv) or "off". Pooling goes
 after a layer as usual, not re-normalised (section 3.2; `help(NormPropConv2d)`).
-This package imports only torch and numpy, and timm for two of the normalisers
-(`ws-gn`, `scaledws`: its weight-standardised convolutions) when they are built.
+This package imports only torch and numpy; timm for two of the normalisers (`ws-gn`, `scaledws`: its
+weight-standardised convolutions) when they are built, and Triton for NormProp's triton road
+(`fused.set_road("triton")`) when it is taken.
 """
 
 from .dependence import input_dependent

@@ -16,7 +16,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode, StringNode
 
+from normprop_cli import schema
 from normprop_cli.errors import UserError, first_line
 
 
@@ -71,7 +74,7 @@ def root(preset: str | None = None) -> DictConfig:
     (`preset.experiments`) and its results directory."""
     if preset is not None:
         check_choice("preset", preset)
-    return _compose([f"preset={preset}"] if preset is not None else [])
+    return _checked([f"preset={preset}"] if preset is not None else [], [])
 
 
 def load(
@@ -84,8 +87,9 @@ def load(
     """Compose the config of one experiment: root, experiment, preset, options, overrides.
 
     `settings` are the command's options (seeds=3, device='cpu', ...); None means not given.
-    Trailing `overrides` win over everything, as on Hydra's own command line; each is checked
-    against the type of the value it replaces. The experiment's grid is as its YAML gives it:
+    Trailing `overrides` win over everything, as on Hydra's own command line; OmegaConf checks each
+    against the config's schema (normprop_cli/schema.py): its key must exist, its value fit the key's
+    type. The experiment's grid is as its YAML gives it:
     `experiments.grid.load` builds the grids that are built from a list of methods and applies
     the overrides that set a grid key.
     """
@@ -111,16 +115,16 @@ def compose_checked(
         if value is not None:
             given.append(f"{key}={override_value(value)}")
     user = _parse(list(overrides))
-    defaults = _compose(given) if user else None
-    try:
-        cfg = _compose(given + list(overrides))
-    except UserError:
-        check_keys(defaults, user, experiment)  # a key that does not exist: say which, and the nearest that does
-        raise
-    if user:
-        # `+key=value` / `++key=value` compose whatever key they name: one the config lacks is a typo here
-        check_keys(defaults, [o for o in user if o.is_add() or o.is_force_add()], experiment)
-        check_types(defaults, cfg, user)
+    for o in user:
+        if (conf_dir() / o.key_or_group).is_dir() and not o.is_delete():  # a group's option: one that exists
+            check_choice(o.key_or_group, o.input_line.split("=", 1)[-1])
+    cfg = _checked(given, user, experiment)
+    plus = [o for o in user if o.is_add() or o.is_force_add()]
+    if plus:  # the schema refuses what `+` adds but to an experiment's own keys (schema.Experiment is open)
+        keys = _keys(_compose(given))
+        for o in plus:
+            if o.key_or_group not in keys:
+                raise unknown_key(o, o.key_or_group, keys, experiment)
     return cfg, user
 
 
@@ -138,10 +142,12 @@ def _conf_state(directory: Path) -> str:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
-    """Hydra's composition of config.yaml under `overrides`, struct off. A report asks for the same few
-    dozen compositions, and a deep copy costs a fraction of one: each is kept, keyed by the overrides and
-    the contents of the config files (a changed or added file composes anew), and handed out as a copy
-    that the caller may change."""
+    """Hydra's composition of config.yaml under `overrides` (struct mode: `key=value` of a key the config
+    lacks is refused), merged into its schema (schema.checked: a key the schema lacks, one that `+key=value`
+    added, and a value of the wrong type are refused); Hydra's or OmegaConf's error is raised as it is.
+    A report asks for the same few dozen compositions, and a deep copy costs a fraction of one: each is
+    kept, keyed by the overrides and the contents of the config files (a changed or added file composes
+    anew), and handed out as a copy that the caller may change."""
     directory = conf_dir()
     key = (str(directory), tuple(overrides), _conf_state(directory))
     with _COMPOSING:
@@ -149,16 +155,21 @@ def _compose(overrides: list[str]) -> DictConfig:
             GlobalHydra.instance().clear()
             try:
                 with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-                    cfg = compose(config_name="config", overrides=overrides)
-            except Exception as exc:  # Hydra's missing-key and composition errors
-                raise bad_override(exc) from None
+                    cfg = schema.checked(compose(config_name="config", overrides=overrides))
             finally:
                 GlobalHydra.instance().clear()
-            OmegaConf.set_struct(cfg, False)
             while len(_COMPOSED) >= 64:  # a bound for processes that compose many (a test session)
                 del _COMPOSED[next(iter(_COMPOSED))]
             _COMPOSED[key] = cfg
         return copy.deepcopy(_COMPOSED[key])
+
+
+def _checked(given: list[str], user: list[Override], experiment: str | None = None) -> DictConfig:
+    """`_compose(given + user)`, its refusal worded as one line (`refusal`)."""
+    try:
+        return _compose(given + [o.input_line for o in user])
+    except Exception as exc:  # Hydra's composition errors, OmegaConf's unknown keys and wrong types
+        raise refusal(exc, given, user, experiment) from None
 
 
 def _parse(overrides: list[str]) -> list[Override]:
@@ -172,25 +183,60 @@ def bad_override(exc: Exception) -> UserError:
     return UserError(f"bad override ({first_line(exc)}); write overrides as key=value, e.g. train.epochs=5")
 
 
-def check_keys(defaults: DictConfig | None, user: list[Override], experiment: str) -> None:
-    """An override of a key the composed config lacks is a one-line error naming the key and the
-    nearest key that exists (`epochs=3`: did you mean `train.epochs=3`?), with Hydra's `+`/`++` (which
-    would add the key) as without; one of a config group (dataset=..., model=...), the group's options."""
-    keys = _keys(defaults) if defaults is not None else []
-    for o in user:
-        key, value = o.key_or_group, o.input_line.split("=", 1)[-1]
-        if (conf_dir() / key).is_dir() and not o.is_delete():
-            check_choice(key, value)
-        if o.is_delete() or OmegaConf.select(defaults, key, default=_ABSENT) is not _ABSENT:
-            continue
-        near = nearest(key, keys)
-        todo = f"did you mean `{near}={value}`?" if near else f"`normprop config {experiment}` shows every key"
-        plus = o.is_add() or o.is_force_add()
-        adds = " (`+` adds no keys: every key normprop reads is in the config)" if plus else ""
-        raise UserError(f"bad override {o.input_line!r}: unknown key '{key}'{adds}; {todo}")
+# The words for the type OmegaConf found a value does not fit (the node it would have gone into).
+KIND = {IntegerNode: "a whole number", FloatNode: "a number", BooleanNode: "true or false", StringNode: "a string",
+        ListConfig: "a list, e.g. [a,b]", DictConfig: "a mapping, e.g. {a: 1}"}  # fmt: skip
 
 
-_ABSENT = object()
+def refusal(exc: Exception, given: list[str], user: list[Override], experiment: str | None) -> UserError:
+    """Hydra's or OmegaConf's refusal of an override, one line: a key the config lacks (`key=value`, or
+    `+key=value`, which would add it) names the nearest key that exists (`epochs=3`: did you mean
+    `train.epochs=3`?); a value of the wrong type names the type and the default. An error that is none of
+    these, or not an override's, is given as the library words it."""
+    cause = exc
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__  # Hydra wraps OmegaConf's error
+    if cause is None:
+        return bad_override(exc)
+    o = _culprit(cause.full_key or "", user)
+    if o is None:
+        return UserError(f"the composed config does not fit its schema (normprop_cli/schema.py): {first_line(cause)}")
+    key, value = o.key_or_group, o.input_line.split("=", 1)[-1]
+    defaults = _compose(given)
+    if isinstance(cause, ValidationError):
+        kind = KIND.get(type(cause.child_node))
+        default = OmegaConf.select(defaults, key, default=None)
+        default = "a mapping" if isinstance(default, DictConfig) else override_value(default)
+        if kind is None:
+            return UserError(f"bad override {o.input_line!r}: {first_line(cause)} ({key}'s default is {default})")
+        return UserError(f"{key}={value} is not {kind}, as {key} must be (its default is {default})")
+    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return bad_override(cause)
+    keys = _keys(defaults)
+    if key in keys:  # the unknown key is inside the override's value: `experiment.lr_scale={nonee: 0.5}`
+        return unknown_key(o, cause.full_key, [k for k in keys if k.startswith(f"{key}.")], experiment)
+    return unknown_key(o, key, keys, experiment)
+
+
+def unknown_key(o: Override, key: str, keys: list[str], experiment: str | None) -> UserError:
+    """`key` of override `o` is not in the config: the nearest of `keys` that is (`epochs=3`: did you mean
+    `train.epochs=3`?), with Hydra's `+`/`++`, which would add it, as without."""
+    value = o.input_line.split("=", 1)[-1] if key == o.key_or_group else "..."
+    near = nearest(key, keys)
+    todo = f"did you mean `{near}={value}`?" if near else f"`normprop config {experiment}` shows every key"
+    plus = o.is_add() or o.is_force_add()
+    adds = " (`+` adds no keys: every key normprop reads is in the config)" if plus else ""
+    return UserError(f"bad override {o.input_line!r}: unknown key '{key}'{adds}; {todo}")
+
+
+def _culprit(full_key: str, user: list[Override]) -> Override | None:
+    """The override that the key of a library error belongs to: that key itself, one inside it (a list's
+    element, `experiment.lr[0]`), or its first part that the config lacks (`no` of `no.such.key=1`)."""
+    for o in reversed(user):  # the last override of a key is the one that counts
+        key = o.key_or_group
+        if key == full_key or full_key.startswith((f"{key}.", f"{key}[")) or key.startswith(f"{full_key}."):
+            return o
+    return None
 
 
 def _keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -216,35 +262,6 @@ def nearest(key: str, keys: list[str]) -> str | None:
     ends = {k.rsplit(".", 1)[-1]: k for k in sorted(keys, key=lambda k: k.count("."), reverse=True)}
     close = difflib.get_close_matches(last, list(ends), n=1, cutoff=0.75)
     return ends[close[0]] if close else None
-
-
-KINDS = {bool: "true or false", int: "a whole number", float: "a number", list: "a list, e.g. [a,b]",
-         dict: "a mapping, e.g. {a: 1}"}  # fmt: skip
-
-
-def check_types(defaults: DictConfig, cfg: DictConfig, user: list[Override]) -> None:
-    """An override's value must have the kind of the value it replaces (a number where a number
-    belongs, ...): a wrong one is a one-line error here, not a traceback in a runner."""
-    for o in user:
-        if o.is_delete():
-            continue
-        key = o.key_or_group
-        default = OmegaConf.select(defaults, key, default=None)
-        if isinstance(default, DictConfig):
-            default = {}
-        elif isinstance(default, ListConfig):
-            default = []
-        value = OmegaConf.select(cfg, key, default=None)
-        value = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
-        kind = next((k for k in KINDS if isinstance(default, k)), None)  # bool before int: bool is an int
-        if kind is None or value is None and kind in (list, dict):  # null: no grid, no mapping
-            continue
-        fits = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-        if kind is float:
-            fits = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not fits:
-            raise UserError(f"{key}={o.input_line.split('=', 1)[-1]} is not {KINDS[kind]}, as {key} must be "
-                            f"(its default is {override_value(default)})")  # fmt: skip
 
 
 def override_value(value) -> str:

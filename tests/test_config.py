@@ -1,12 +1,15 @@
-"""Composition (normprop_cli.config): a kept composition is what Hydra composes now."""
+"""Composition (normprop_cli.config): a kept composition is what Hydra composes now; the schema
+(normprop_cli.schema) refuses through OmegaConf and changes no value of the YAML files."""
 
 from __future__ import annotations
 
 import shutil
 
+import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
-from normprop_cli import config
+from normprop_cli import config, schema
 
 
 def test_a_kept_composition_is_a_copy_and_follows_the_config_files(tmp_path, monkeypatch):
@@ -29,3 +32,53 @@ def test_a_kept_composition_is_a_copy_and_follows_the_config_files(tmp_path, mon
         config.load("table1", preset="quick")
     )
     assert int(config.load("table1", preset="quick").train.epochs) == epochs + 1
+
+
+def _fitted(tree: dict) -> str:
+    """`tree` as the schema has it, in a form that tells 1 from 1.0 and true from 1."""
+    return repr(OmegaConf.to_container(schema.checked(OmegaConf.create(tree))))
+
+
+GROUP_FILES = [p for p in sorted(config.conf_dir().rglob("*.yaml")) if p.parent != config.conf_dir()]
+
+
+@pytest.mark.parametrize("path", [config.conf_dir() / "config.yaml", *GROUP_FILES], ids=lambda p: p.stem)
+def test_every_config_file_fits_the_schema_which_changes_none_of_its_values(path):
+    """Each key a YAML file gives is in normprop_cli/schema.py, its value of the type there as written: a
+    composition has the YAML's values (every committed run's config stays the same), and the schema only
+    refuses."""
+    tree = OmegaConf.to_container(OmegaConf.load(path))
+    tree.pop("defaults", None)
+    if "@package _global_" not in path.read_text() and path.name != "config.yaml":
+        tree = {path.parent.name: tree}  # a group file without a package header is the group's node
+    assert _fitted(tree) == repr(tree)
+
+
+@pytest.mark.parametrize(
+    "change,error",
+    [
+        ({"train": {"epoch": 3}}, ConfigKeyError),  # a key the group lacks
+        ({"model": {"renorm": {"rmaxx": 3.0}}}, ConfigKeyError),
+        ({"experiment": {"lr_sweep": {"stepp": 2.0}}}, ConfigKeyError),
+        ({"epochs": 3}, ConfigKeyError),
+        ({"train": {"lr": "fast"}}, ValidationError),  # a value its type refuses
+        ({"train": {"epochs": 2.5}}, ValidationError),
+        ({"model": {"center": "maybe"}}, ValidationError),
+        ({"dataset": {"limit": "all"}}, ValidationError),
+        ({"experiment": {"band": [0.1]}}, ValidationError),
+    ],
+)
+def test_omegaconf_refuses_an_unknown_key_and_a_wrong_type(change, error):
+    """The schema's check is OmegaConf's own: config words its error (tests/cli), it decides."""
+    cfg = config.load("covariate-shift", preset="smoke")
+    with pytest.raises(error):
+        schema.checked(OmegaConf.merge(cfg, change))  # the plain config takes anything
+    # an experiment's own keys need no field: a new experiment's YAML carries them (docs/extending.md)
+    assert schema.checked(OmegaConf.merge(cfg, {"experiment": {"answer": 42}})).experiment.answer == 42
+
+
+def test_a_value_is_what_its_type_makes_it():
+    """An override is converted as its key's type says: a boolean from yes, a number from a whole one."""
+    cfg = config.load("table1", preset="smoke", overrides=["train.augment=yes", "train.lr=1", "model.center=off"])
+    assert (cfg.train.augment, cfg.train.lr, cfg.model.center) == (True, 1.0, False)
+    assert type(cfg.train.lr) is float

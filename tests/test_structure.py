@@ -123,7 +123,14 @@ FLOORS = (
     ("normprop_cli.engine",),
     ("normprop_cli.hints",),
     ("normprop_cli.config", "normprop_cli.io", "normprop_cli.device"),
-    ("normprop_cli.nn", "normprop_cli.data", "normprop_cli.statistics", "normprop_cli.outcomes", "normprop_cli.errors"),
+    (
+        "normprop_cli.nn",
+        "normprop_cli.data",
+        "normprop_cli.statistics",
+        "normprop_cli.outcomes",
+        "normprop_cli.errors",
+        "normprop_cli.schema",
+    ),
 )
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from normprop_cli import io
 from normprop_cli.data import DATA_NORMS, DataError, load_dataset
@@ -23,9 +23,12 @@ from normprop_cli.nn.nin import values_per_channel
 
 
 def validate(spec: RunSpec) -> None:
-    """Impossible settings are one-line errors before anything is written. The registries decide
-    what is known: nn's norms, Jacobian modes and activations, data's normalisations and augmentations."""
+    """Impossible settings are one-line errors before anything is written. The config's schema has
+    checked the type of every key a user gives (normprop_cli/schema.py); here are the ranges and choices
+    that a type cannot say, in one table. The registries decide what is known: nn's norms, Jacobian modes
+    and activations (NINConfig.problem), data's normalisations and augmentations."""
     t, name = spec.cfg.train, spec.name
+    augment = spec.cfg.dataset.get("augment", "flip")
     checks = [
         (int(t.batch_size) >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
         (0 < float(t.lr) < math.inf, f"train.lr must be a positive finite number, got {t.lr}"),
@@ -45,22 +48,22 @@ def validate(spec: RunSpec) -> None:
             f"run {name}: batch data normalisation needs a batch of 2 or more; use train.data_norm=global "
             "at batch size 1 (as the paper does, section 5.4)",
         ),
-    ]
-    augment = spec.cfg.dataset.get("augment", "flip")
-    checks.append(
         (
             not (t.augment and augment == "none"),
             f"run {name}: train.augment=true, but {spec.cfg.dataset.name} has no augmentation (dataset.augment=none, "
             "as in the paper); drop train.augment=true or set dataset.augment=flip|translate",
-        )
-    )
+        ),
+        *(
+            (value in known, f"{key}={value} is not known; use one of {', '.join(known)}")
+            for key, value, known in (
+                ("train.data_norm", t.data_norm, tuple(DATA_NORMS)),
+                ("dataset.augment", spec.cfg.dataset.get("augment"), AUGMENTATIONS),
+            )
+        ),
+    ]
     for ok, message in checks:
         if not ok:
             raise UserError(message)
-    for key, known in (("train.data_norm", tuple(DATA_NORMS)), ("dataset.augment", AUGMENTATIONS)):
-        value = OmegaConf.select(spec.cfg, key)
-        if value not in known:
-            raise UserError(f"{key}={value} is not known; use one of {', '.join(known)}")
     try:
         model = model_config(spec.cfg.model)
     except ValueError as exc:

@@ -173,7 +173,7 @@ def run(
         keep = results_dir is None and not force
         plan_lines([(cfg, EXPERIMENTS[experiment].trains)], step_times, cfg.device, write=dry_run, keep=keep)
         if dry_run:
-            return
+            return first_round_line([cfg])
     before = contents(outputs_of(cfg))
     out = EXPERIMENTS[experiment].run(cfg)
     typer.echo(wrote(out, before))
@@ -182,6 +182,16 @@ def run(
     above = enclosing(Path(cfg.results_dir))
     command = hints.command("report", results_dir=above) if above else hints.of(cfg, "report", dataset=False)
     typer.echo(f"next: `{command}` puts them in {(above or Path(cfg.results_dir)) / 'REPORT.md'}")
+
+
+def first_round_line(cfgs: list, workers: int | None = None) -> None:
+    """The engine's plan of the first round (experiments.base.first_round): what trains, what rides along what,
+    what is reused; the same plan that training makes."""
+    from normprop_cli.experiments import EXPERIMENTS, first_round
+
+    staged = [c for c in cfgs if EXPERIMENTS[str(c.experiment.name)].stages is not None]
+    if staged:
+        typer.echo(first_round(staged, workers).line("the first round"))
 
 
 def plan_lines(cfgs: list, step_times: Path | None, device: str, write: bool, keep: bool = False) -> None:
@@ -286,16 +296,17 @@ def reproduce_all(
     force: Force = False,
 ) -> None:
     """Every experiment (in the paper's order, or those the preset lists: preset.experiments), then the
-    figures and the report; where the preset trains in worker processes, timing first and alone, then the
-    others together in one pool of workers."""
+    figures and the report: the one that times its runs first and alone, then the others' runs round by round
+    on one executor (each trajectory trained once), then each experiment's tables and figures."""
     if dry_run:  # plan.csv: a row per experiment and their total; nothing trained
         from normprop_cli.experiments.plan import configs
 
         cfgs = configs(preset, dataset, device=device, data_dir=data_dir, results_dir=results_dir)
-        return plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True, keep=results_dir is None and not force)
+        plan_lines(cfgs, step_times, cfgs[-1][0].device, write=True, keep=results_dir is None and not force)
+        return first_round_line([cfg for cfg, _ in cfgs], int(config.root(preset).jobs))
     from normprop_cli import readme
     from normprop_cli.engine import ledger, tally
-    from normprop_cli.experiments import EXPERIMENTS, together
+    from normprop_cli.experiments import EXPERIMENTS, reproduce
     from normprop_cli.report import write_report
 
     root = config.root(preset)
@@ -319,18 +330,14 @@ def reproduce_all(
         for experiment in listed or EXPERIMENTS
     ]
 
-    def run_one(cfg) -> None:
+    def step(cfg, part) -> None:
         experiment = cfg.experiment.name
         typer.echo(f"== {experiment}", err=True)
         began, before = time.perf_counter(), contents(outputs_of(cfg))
-        typer.echo(wrote(EXPERIMENTS[experiment].run(cfg), before))
+        typer.echo(wrote(part(cfg), before))
         typer.echo(f"{experiment} took {time.perf_counter() - began:.0f} s")
 
-    if together.shared(cfgs):  # one pool of workers for every grid (experiments.together)
-        together.run_all(cfgs, run_one, workers=int(config.root(preset).jobs))
-    else:
-        for cfg in cfgs:
-            run_one(cfg)
+    reproduce(cfgs, int(root.jobs), step)
     cfg = cfgs[-1]
     results = Path(cfg.results_dir)
     report_began = time.perf_counter()

@@ -78,7 +78,7 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_the_import_graph_sees_the_packages_imports():
     graph = package_graph()
-    assert "normprop_cli.engine.job" in graph["normprop_cli.engine.sweep"]
+    assert "normprop_cli.engine.job" in graph["normprop_cli.engine.executor"]
     assert "normprop_cli.engine.trainer" in graph["normprop_cli.engine.job"]
     assert "normprop_cli.nn.layers" in graph["normprop_cli.nn.nin"]  # a relative import
 
@@ -91,9 +91,9 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_schedulers_do_not_import_each_other_to_train_a_run():
+def test_the_executors_train_a_run_below_the_sweep():
     graph = package_graph()
-    assert "normprop_cli.engine.sweep" not in graph["normprop_cli.engine.parallel"]
+    assert "normprop_cli.engine.sweep" not in graph["normprop_cli.engine.executor"]
     assert "normprop_cli.engine.sweep" not in graph["normprop_cli.engine.launch"]
     assert "normprop_cli.engine.launch" not in graph["normprop_cli.status"]  # status needs no submitit
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
 
 from rich.console import Console
 from rich.progress import (
@@ -78,7 +77,7 @@ class QuietProgress:
     """One line per finished run, for logs and CI."""
 
     def __init__(self, total_runs: int, experiment: str = ""):
-        """`experiment`: named in each line, where several experiments' lines interleave (engine.pool)."""
+        """`experiment`: named in each line, where several experiments' lines interleave (engine.sweep)."""
         self.total_runs, self.index, self.last = total_runs, 0, None
         self.of = f"{experiment} " if experiment else ""
 
@@ -113,18 +112,18 @@ class QuietProgress:
         line(f"[{self.of}{self.index}/{self.total_runs}] {spec.name}: {manifest['status']}, skipped")
 
 
-_LINES = threading.Lock()  # reproduce-all's experiments say their runs' lines from several threads (engine.pool)
-
-
 def line(text: str) -> None:
-    """One whole line on stderr, never interleaved with another thread's."""
-    with _LINES:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+    """One whole line on stderr."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
-def make_progress(total_runs: int, quiet: bool):
-    return (QuietProgress if quiet or not sys.stderr.isatty() else RichProgress)(total_runs)
+def make_progress(total_runs: int, quiet: bool, experiment: str = ""):
+    """A bar per run on a terminal; one line per finished run with `quiet`, off a terminal, or where the lines
+    name their `experiment`."""
+    if quiet or experiment or not sys.stderr.isatty():
+        return QuietProgress(total_runs, experiment)
+    return RichProgress(total_runs)
 
 
 def accuracy(row: dict, digits: int) -> str:

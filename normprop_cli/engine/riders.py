@@ -1,8 +1,9 @@
-"""Runs that ride along another run's training (trainer.train_together): runs of several experiments that
-train one trajectory (runs.trajectory: the same config, seed and threads; their own epochs and observers)
-are trained once, by the one with the most epochs. A rider's observers read the model at epoch 0 and after
-each of its epochs, and at its last epoch it writes what its own training would have written: its config,
-checkpoint, tables and manifest, the manifest naming the run it rode along (`trained_with`)."""
+"""Runs that ride along another run's training (trainer.train_run's `riders`): runs of several experiments
+that train one trajectory (runs.trajectory: the same config, seed and threads; their own epochs and observers)
+are trained once, by the one with the most epochs (engine.plan decides which ride). A rider's observers read
+the model at epoch 0 and after each of its epochs, and at its last epoch it writes what its own training would
+have written: its config, checkpoint, tables and manifest, the manifest naming the run it rode along
+(`trained_with`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Run(Protocol):
     def state(self) -> dict: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class Rider:
     """A fresh run of the trained run's trajectory with as many epochs or fewer (module docstring)."""
 

@@ -319,7 +319,7 @@ def _flat(cfg) -> dict:
 
 
 # What a run's training depends on beyond its run config: the same keys, seeds and threads give the same
-# trajectory on one machine (engine.pool trains such runs of several experiments once).
+# trajectory on one machine (engine.plan makes such runs of several experiments one task, trained once).
 TRAJECTORY_ASIDE = ("experiment.", "run.")
 
 

@@ -134,37 +134,31 @@ def build_model(model_cfg: DictConfig, data: Dataset, steps_per_epoch: int | Non
 
 
 def train_run(
-    spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer] = ()
-) -> dict:
-    """Train one run to its last epoch, resuming from its checkpoint; return its manifest.
-    A run another process holds is waited for; one it finished is returned as it is."""
-    path = run_dir(spec.cfg, spec.name)
-    with lock.hold(path, spec.name):
-        return _train_locked(spec, path, data, device, progress, observers)
+    spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer] = (),
+    riders: Sequence[Rider] = (),
+) -> dict:  # fmt: skip
+    """Train one run to its last epoch, resuming from its checkpoint; return its manifest. A run another
+    process holds is waited for; one it finished is returned as it is.
 
-
-def train_together(
-    spec: RunSpec, data: Dataset, device: torch.device, progress: Progress, observers: Sequence[Observer],
-    riders: Sequence[Rider],
-) -> list[dict]:  # fmt: skip
-    """Train `spec` with `riders` along (Rider), all of them fresh runs of its trajectory with no more epochs
-    than it; their manifests, spec's first. Where a rider is no longer fresh when its lock is taken (another
-    process trained it meanwhile), every run trains on its own, one after another."""
+    `riders` (engine.plan's choice): fresh runs of its trajectory with no more epochs than it, trained along
+    it (Rider: each one's manifest lands in its `manifest`). A rider that is no longer fresh once the locks
+    are held (another process began it meanwhile) trains on its own afterwards, as does every rider of a run
+    that is itself no longer fresh."""
     if any(int(r.spec.cfg.train.epochs) > int(spec.cfg.train.epochs) for r in riders):
         raise ValueError(f"a rider of run {spec.name} has more epochs than it")
+    path = run_dir(spec.cfg, spec.name)
     with contextlib.ExitStack() as held:
         for r in riders:
             held.enter_context(lock.hold(r.path, r.spec.name))
-        path = run_dir(spec.cfg, spec.name)
-        if all(read_manifest(p) is None for p in [path, *(r.path for r in riders)]):  # fresh, all of them
-            for r in riders:
-                ledger.keep_earlier(Path(r.spec.cfg.results_dir), r.path, None)
-            with lock.hold(path, spec.name):
-                first = _train_locked(spec, path, data, device, progress, observers, riders)
-            return [first, *(r.manifest for r in riders)]
-    return [train_run(spec, data, device, progress, observers)] + [
-        train_run(r.spec, data, device, r.progress, r.observers) for r in riders
-    ]
+        held.enter_context(lock.hold(path, spec.name))
+        along = [r for r in riders if read_manifest(r.path) is None] if read_manifest(path) is None else []
+        for r in along:
+            ledger.keep_earlier(Path(r.spec.cfg.results_dir), r.path, None)
+        manifest = _train_locked(spec, path, data, device, progress, observers, along)
+    for r in riders:
+        if r not in along:
+            r.manifest = train_run(r.spec, data, device, r.progress, r.observers)
+    return manifest
 
 
 def _train_locked(

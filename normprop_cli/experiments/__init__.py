@@ -1,12 +1,15 @@
-"""The experiments, one module each, registered with `@experiment` on its `run` (base.py): `run(cfg)`
-trains and writes CSVs and figures, `plot(cfg)` redraws the figures from the CSVs alone,
-`headlines(cfg)` and `paragraphs(cfg)` give the report's numbers and findings.
+"""The experiments, one module each, registered with `@experiment` on its `analyse` (base.py): `stages(cfg)`
+declares what it trains (engine.plan.Stage: the runs, with their observers, stage by stage), `analyse(cfg)`
+writes CSVs and figures from the finished runs, `plot(cfg)` redraws the figures from the CSVs alone,
+`headlines(cfg)` and `paragraphs(cfg)` give the report's numbers and findings. `normprop run` trains one
+experiment's stages, then analyses; `reproduce-all` trains every experiment's stages round by round on one
+executor (base.train_all), then analyses each.
 
 Adding an experiment is one YAML, `conf/experiment/<name>.yaml` (with `experiment.name: <name>`),
 plus one module that defines its parts and ends with::
 
-    @experiment("<name>", plot=plot, headlines=headlines)
-    def run(cfg): ...
+    @experiment("<name>", plot=plot, headlines=headlines, stages=stages)
+    def analyse(cfg): ...
 
 imported below (or anywhere before the command runs: the registry is `EXPERIMENTS`).
 """
@@ -29,8 +32,8 @@ from normprop_cli.experiments import activations  # noqa: F401
 from normprop_cli.experiments import normalizers  # noqa: F401
 
 # isort: on
-from normprop_cli.experiments.base import EXPERIMENTS, Experiment, experiment
+from normprop_cli.experiments.base import EXPERIMENTS, Experiment, experiment, first_round, reproduce, train_all
 
 ORDER = tuple(EXPERIMENTS)  # the package's own, in the order above
 
-__all__ = ["EXPERIMENTS", "ORDER", "Experiment", "experiment"]
+__all__ = ["EXPERIMENTS", "ORDER", "Experiment", "experiment", "first_round", "reproduce", "train_all"]

@@ -36,8 +36,8 @@ import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from omegaconf import DictConfig
 
-from normprop_cli import statistics
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine, statistics
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.probes import PopulationProbe
@@ -358,15 +358,14 @@ def _against_margin(ci: dict, wide: pd.DataFrame) -> str:
     return f"the interval straddles -{margin:.2f} pp, C8's margin"
 
 
-@experiment(
-    "activations",
-    plot=plot,
-    headlines=headlines,
-    paragraphs=paragraphs,
-)
-def run(cfg: DictConfig) -> Path:
+def stages(cfg: DictConfig):
+    yield Stage(cfg, expand_grid(cfg), lambda spec: [PopulationProbe()])
+
+
+@experiment("activations", plot=plot, headlines=headlines, paragraphs=paragraphs, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [PopulationProbe()])
+    manifests = engine.manifests(specs)
     epochs = tables.gather(specs, columns={"activation": "model.activation"})
     population = tables.gather(specs, PopulationProbe.name, columns={"activation": "model.activation"})
     tables.write(cfg, "population", population)

@@ -23,13 +23,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from normprop_cli import outcomes, statistics
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine, outcomes, statistics
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.trainer import epoch_steps
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
-from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
+from normprop_cli.experiments.lr_sweep import chosen, sweep_stages, with_rates
 from normprop_cli.outcomes import learned_flags
 
 KEYS = ["setting", "method", "batch_size", "initial_lr", "label"]
@@ -174,11 +174,17 @@ def headlines(cfg: DictConfig) -> list[dict]:
     return rows + tables.not_learned(cfg)
 
 
-@experiment("batch-size", plot=plot, headlines=headlines)
-def run(cfg: DictConfig) -> Path:
-    cfg = with_rates(cfg, choose_rates(cfg))
+def stages(cfg: DictConfig):
+    """The rate sweep's runs, then the grid at the rates they chose."""
+    cfg = with_rates(cfg, (yield from sweep_stages(cfg)))
+    yield Stage(cfg, expand_grid(cfg))
+
+
+@experiment("batch-size", plot=plot, headlines=headlines, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
+    cfg = chosen(cfg)
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
+    manifests = engine.manifests(specs)
     epochs = tables.gather(specs, columns={"batch_size": "train.batch_size", "initial_lr": "train.lr"})
     per_epoch = {
         spec.name: updates_per_epoch(manifest, spec.cfg) for spec, manifest in zip(specs, manifests, strict=True)

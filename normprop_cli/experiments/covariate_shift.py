@@ -31,8 +31,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from omegaconf import DictConfig
 
-from normprop_cli import outcomes, statistics
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine, outcomes, statistics
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import plots, tables
@@ -311,11 +311,17 @@ def _ci_row(quantity: str, values: pd.Series, paper=NOT_IN_PAPER) -> dict:
     return {"quantity": f"{quantity} ({over})", "reproduced": reproduced, "paper": paper}
 
 
-@experiment("covariate-shift", plot=plot, headlines=headlines)
-def run(cfg: DictConfig) -> Path:
+def stages(cfg: DictConfig):
+    """The grid, each run observed by Fig. 2's probes."""
+    draws = int(cfg.experiment.probe_draws)
+    yield Stage(cfg, expand_grid(cfg), lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
+
+
+@experiment("covariate-shift", plot=plot, headlines=headlines, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     draws = int(cfg.experiment.probe_draws)
-    manifests = run_sweep(cfg, specs, observers=lambda spec: [UnitProbe(spec.seed, draws), PopulationProbe()])
+    manifests = engine.manifests(specs)
     stats = tables.gather(specs, UnitProbe.name, columns={"initial_lr": "train.lr"})
     _refuse_stale(cfg, stats)
     population = tables.gather(specs, PopulationProbe.name)

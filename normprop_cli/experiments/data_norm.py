@@ -17,8 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from normprop_cli import statistics
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine, statistics
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
@@ -99,10 +99,14 @@ def headlines(cfg: DictConfig) -> list[dict]:
     return rows + tables.not_learned(cfg)
 
 
-@experiment("data-norm", plot=plot, headlines=headlines)
-def run(cfg: DictConfig) -> Path:
+def stages(cfg: DictConfig):
+    yield Stage(cfg, expand_grid(cfg))
+
+
+@experiment("data-norm", plot=plot, headlines=headlines, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
+    manifests = engine.manifests(specs)
     epochs = tables.gather(specs, columns=COLUMNS)
     out = tables.write_curves_and_summary(
         cfg, specs, manifests, epochs, KEYS, lambda spec: tables.settings(spec, COLUMNS) | best(epochs, spec.name)

@@ -28,13 +28,13 @@ epoch as batch 50, at batch 1's rate), times its `rate_scale` where it has one (
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli.engine import RunSpec, expand_grid, run_sweep
+from normprop_cli.engine import RunSpec, Stage, expand_grid, run_sweep
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.grid import LR
@@ -64,21 +64,24 @@ def sweep_grid(cfg: DictConfig) -> tuple[DictConfig, dict[str, str]]:
     return sweep, owner
 
 
-def choose_rates(
+def sweep_stages(
     cfg: DictConfig,
     method: Callable[[DictConfig], str] = lambda c: c.model.norm,
     label: Callable[[str], str] = tables.method_label,
     observers: Callable[[RunSpec], list] = lambda spec: (),
-) -> pd.DataFrame:
-    """Train the sweep; per setting, mark the rate with the best final validation accuracy (ties: the
-    lower validation loss). `method(run_cfg)` names a run's method in lr_sweep.csv; the steps policy
-    draws lr_sweep.png with `label(method)` in its legend. `observers(spec)`: what a sweep run needs
-    observed to train as the reported runs do (e.g. the drift Sigma-oracle's held-out batch)."""
+) -> Generator[Stage, list, pd.DataFrame]:
+    """The sweep's runs as stages (engine.sweep: each yielded stage is sent its manifests once trained): one
+    for the factors policy, one per round for the steps policy (choose_stepped). From their results, per
+    setting, the rate with the best final validation accuracy (ties: the lower validation loss) is marked
+    chosen, lr_sweep.csv written and its table returned. `method(run_cfg)` names a run's method in
+    lr_sweep.csv; the steps policy draws lr_sweep.png with `label(method)` in its legend. `observers(spec)`:
+    what a sweep run needs observed to train as the reported runs do (e.g. the drift Sigma-oracle's held-out
+    batch)."""
     if stepped(cfg):
-        return choose_stepped(cfg, method, label, observers)
+        return (yield from choose_stepped(cfg, method, label, observers))
     grid, owner = sweep_grid(cfg)
     specs = expand_grid(grid)
-    run_sweep(grid, specs, observers=observers)
+    yield Stage(grid, specs, observers)
     epochs = tables.gather(specs, columns={"batch_size": "train.batch_size", "lr": LR})
     rows = []
     for spec in specs:
@@ -94,6 +97,22 @@ def choose_rates(
     table["chosen"] = [i in winners for i in table.index]
     tables.write(cfg, "lr_sweep", table)
     return table
+
+
+def choose_rates(cfg: DictConfig, *args, **kwargs) -> pd.DataFrame:
+    """sweep_stages' sweep trained here, stage after stage (run_sweep); lr_sweep.csv's table."""
+    stages, manifests = sweep_stages(cfg, *args, **kwargs), None
+    try:
+        while True:
+            stage = stages.send(manifests)
+            manifests = run_sweep(stage.cfg, stage.specs, observers=stage.observers)
+    except StopIteration as done:
+        return done.value
+
+
+def chosen(cfg: DictConfig) -> DictConfig:
+    """The experiment's grid at the rates its finished sweep chose (lr_sweep.csv, written by sweep_stages)."""
+    return with_rates(cfg, tables.read(cfg, "lr_sweep"))
 
 
 def with_rates(cfg: DictConfig, sweep: pd.DataFrame) -> DictConfig:
@@ -212,9 +231,9 @@ def choose_stepped(
     method: Callable[[DictConfig], str],
     label: Callable[[str], str],
     observers: Callable[[RunSpec], list] = lambda spec: (),
-) -> pd.DataFrame:
-    """The steps policy (module docstring): rounds of sweep runs until every setting's best rate is
-    interior or its side's extensions are spent; lr_sweep.csv and lr_sweep.png."""
+) -> Generator[Stage, list, pd.DataFrame]:
+    """The steps policy (module docstring), a stage per round: rounds of sweep runs until every setting's best
+    rate is interior or its side's extensions are spent; lr_sweep.csv and lr_sweep.png."""
     check_stepped(cfg)
     s, extend = cfg.experiment.lr_sweep, int(cfg.experiment.lr_sweep.extend)
     centres = {e.id: float(e.set[LR]) for e in cfg.grid if not e.get("rate_of")}
@@ -223,7 +242,8 @@ def choose_stepped(
     todo, rows = [(setting, k) for setting, ks in tried.items() for k in ks], []
     while todo:
         grid, specs, owner = stepped_specs(cfg, [(setting, rate(centres[setting], s.step, k)) for setting, k in todo])
-        rows += stepped_rows(cfg, specs, run_sweep(grid, specs, observers=observers), owner, method)
+        manifests = yield Stage(grid, specs, observers)
+        rows += stepped_rows(cfg, specs, manifests, owner, method)
         best = scores(pd.DataFrame(rows)).groupby("setting", sort=False).head(1).set_index("setting")["lr"]
         edges = [(setting, side, k) for setting, ks in tried.items() for side, k in enumerate((min(ks), max(ks)))]
         todo = [(setting, k + (1 if side else -1)) for setting, side, k in edges

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli import statistics
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine, statistics
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 
@@ -109,10 +109,14 @@ def _count(seeds: set[int]) -> str:
     return f"{lo} seed{'s' * (hi != 1)}" if lo == hi else f"{lo}-{hi} seeds"
 
 
-@experiment("table1", plot=plot, headlines=headlines)
-def run(cfg: DictConfig) -> Path:
+def stages(cfg: DictConfig):
+    yield Stage(cfg, expand_grid(cfg))
+
+
+@experiment("table1", plot=plot, headlines=headlines, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs)
+    manifests = engine.manifests(specs)
     paper = cfg.experiment.paper_test_error.get(cfg.dataset.name, {})
 
     def columns(spec) -> dict:

@@ -52,7 +52,8 @@ def test_a_dry_run_trains_nothing_and_writes_only_plan_csv(cli, tmp_path, step_t
     assert tree(tmp_path) == sorted([*before, "results", "results/plan.csv"])
     lines = result.output.strip().splitlines()
     assert lines[0].startswith("plan: 6 run(s) + 6 sweep run(s) to train, 792 SGD steps")
-    assert lines[-1] == f"wrote {cli.results / 'plan.csv'}" and len(lines) == 2
+    assert lines[1] == f"wrote {cli.results / 'plan.csv'}" and len(lines) == 3
+    assert lines[2] == "plan of the first round: 6 run(s) to train; 0 finished: reused"  # the sweep's, in the engine
 
 
 def test_the_counts_are_the_grids_by_hand(cli, step_times):

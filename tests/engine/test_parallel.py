@@ -181,7 +181,7 @@ def test_each_worker_has_a_gpu_of_its_own_when_several_are_visible(monkeypatch):
     import torch
 
     from normprop_cli.device import for_workers as worker_devices
-    from normprop_cli.engine.parallel import worker_threads
+    from normprop_cli.engine.executor import worker_threads
 
     assert worker_devices("cpu", 2) == ["cpu", "cpu"]
     assert worker_threads(2) == 1  # conftest: 1 thread, never less than 1 per worker

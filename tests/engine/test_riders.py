@@ -1,5 +1,5 @@
 """Runs of two experiments that train one trajectory (the same config and seed, their own epochs and
-observers) train once: the others ride along (trainer.train_together, engine.pool). A rider's files are
+observers) train once: the others ride along (trainer.train_run's riders, engine.plan). A rider's files are
 those its own training writes, its observers' tables and its checkpoint included, timing aside; its
 manifest names the run it rode along; a diverged trajectory diverges for its riders too; an observer
 that changes the model it observes is refused; a rider that is no longer fresh trains on its own."""
@@ -12,11 +12,11 @@ import torch
 
 from normprop_cli.cli import compose
 from normprop_cli.engine import expand_grid
+from normprop_cli.engine.executor import LastEpoch
 from normprop_cli.engine.job import load_data
-from normprop_cli.engine.parallel import LastEpoch
 from normprop_cli.engine.riders import Rider
 from normprop_cli.engine.runs import read_manifest, run_dir, trajectory
-from normprop_cli.engine.trainer import train_run, train_together
+from normprop_cli.engine.trainer import train_run
 from normprop_cli.experiments.probes import PopulationProbe, UnitProbe
 
 GRID = "grid=[{id: normprop, set: {model.norm: normprop}}, {id: batchnorm, set: {model.norm: batchnorm}}]"
@@ -71,7 +71,8 @@ def test_a_rider_writes_what_its_own_training_writes(tmp_path):
     assert trajectory(leader, 1) != trajectory(leader, 2)  # another number of threads rounds otherwise
     data = load_data(leader.cfg, CPU)
     last = LastEpoch()
-    manifests = train_together(leader, data, CPU, LastEpoch(), [], [Rider(rider, probes(rider), last)])
+    riding = Rider(rider, probes(rider), last)
+    manifests = [train_run(leader, data, CPU, LastEpoch(), [], [riding]), riding.manifest]
     assert [m["run"] for m in manifests] == ["batchnorm-s0", "batchnorm-s0"]
     assert [m["experiment"] for m in manifests] == ["table1", "covariate-shift"]
     assert manifests[1] == read_manifest(run_dir(rider.cfg, rider.name))
@@ -92,7 +93,8 @@ def test_a_diverged_trajectory_diverges_for_its_riders(tmp_path):
     leader, rider = spec(tmp_path / "a", "table1", 3, "batchnorm-s0", lr), spec(tmp_path / "a", "covariate-shift", 2,
                                                                                 "batchnorm-s0", lr)  # fmt: skip
     data = load_data(leader.cfg, CPU)
-    first, second = train_together(leader, data, CPU, LastEpoch(), [], [Rider(rider, probes(rider), LastEpoch())])
+    riding = Rider(rider, probes(rider), LastEpoch())
+    first, second = train_run(leader, data, CPU, LastEpoch(), [], [riding]), riding.manifest
     alone = spec(tmp_path / "b", "covariate-shift", 2, "batchnorm-s0", lr)
     own = train_run(alone, data, CPU, LastEpoch(), probes(alone))
     assert first["status"] == second["status"] == own["status"] == "diverged"
@@ -113,15 +115,16 @@ def test_an_observer_that_changes_the_model_cannot_ride_along(tmp_path):
     leader, rider = spec(tmp_path, "table1", 2), spec(tmp_path, "covariate-shift", 1)
     data = load_data(leader.cfg, CPU)
     with pytest.raises(RuntimeError, match="changed the model it observed"):
-        train_together(leader, data, CPU, LastEpoch(), [], [Rider(rider, [Mutating()], LastEpoch())])
+        train_run(leader, data, CPU, LastEpoch(), [], [Rider(rider, [Mutating()], LastEpoch())])
 
 
 def test_a_rider_that_is_no_longer_fresh_trains_on_its_own(tmp_path):
     leader, rider = spec(tmp_path, "table1", 2), spec(tmp_path, "covariate-shift", 1)
     data = load_data(leader.cfg, CPU)
     own = train_run(rider, data, CPU, LastEpoch(), probes(rider))
-    first, second = train_together(leader, data, CPU, LastEpoch(), [], [Rider(rider, probes(rider), LastEpoch())])
+    riding = Rider(rider, probes(rider), LastEpoch())
+    first, second = train_run(leader, data, CPU, LastEpoch(), [], [riding]), riding.manifest
     assert second == own and "trained_with" not in second  # finished: returned as it is
     assert first["status"] == "complete" and first["epochs_done"] == 2
     with pytest.raises(ValueError, match="more epochs"):
-        train_together(rider, data, CPU, LastEpoch(), [], [Rider(leader, [], LastEpoch())])
+        train_run(rider, data, CPU, LastEpoch(), [], [Rider(leader, [], LastEpoch())])

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from normprop_cli import config, io
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.step import make_optimizer
-from normprop_cli.experiments import drift
+from normprop_cli.experiments import EXPERIMENTS, drift
 from normprop_cli.experiments.drift import AFFINE_COLUMNS, AffineProbe
 from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, welch
 from normprop_cli.experiments.drift.tables import ablation_settings, main_rows
@@ -263,7 +263,7 @@ def test_smoke_ablation_with_a_sweep_and_the_affine_probe(tmp_path):
                 {"id": "normprop-frozen-affine", "set": {"model.norm": "normprop", "model.freeze_affine": True,
                                                          "train.lr": 0.02}},
                 {"id": "batchnorm", "set": {"model.norm": "batchnorm", "train.lr": 0.02}}]  # fmt: skip
-    drift.run(cfg)
+    EXPERIMENTS["drift"].run(cfg)
     out = sweep_dir(cfg)
     sweep = pd.read_csv(out / "lr_sweep.csv")
     assert set(sweep["setting"]) == {"normprop", "normprop-frozen-affine", "batchnorm"} and len(sweep) == 6

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from normprop_cli import config
 from normprop_cli.engine import expand_grid
 from normprop_cli.engine.runs import sweep_dir
-from normprop_cli.experiments import drift
+from normprop_cli.experiments import EXPERIMENTS, drift
 from normprop_cli.experiments.drift.ablation import is_reference, kind_label, label, rate_scale, setting_kind
 from normprop_cli.experiments.lr_sweep import with_rates
 from normprop_cli.nn import NIN, NormPropConv2d
@@ -165,7 +165,7 @@ def test_a_smoke_run_of_the_oracle_writes_its_rows(tmp_path):
                 {"id": "normprop-half-rate", "rate_of": "normprop", "rate_scale": 0.5,
                  "set": {"model.norm": "normprop"} | lr},
                 {"id": "batchnorm", "set": {"model.norm": "batchnorm"} | lr}]  # fmt: skip
-    drift.run(cfg)
+    EXPERIMENTS["drift"].run(cfg)
     out = sweep_dir(cfg)
     oracle = pd.read_csv(out / "sigma_oracle.csv")
     assert set(oracle["setting"]) == {"normprop-sigma-oracle"} and sorted(oracle["epoch"].unique()) == [0, 1]

@@ -49,7 +49,7 @@ def test_the_papers_numbers_live_in_the_yaml_alone(experiment):
     """The runner reads the paper's published numbers from experiment.paper_*; its code restates none."""
     paper = OmegaConf.to_container(config.load(experiment).experiment)
     numbers = published({k: v for k, v in paper.items() if k.startswith("paper_")})
-    source = inspect.getsource(sys.modules[EXPERIMENTS[experiment].run.__module__])
+    source = inspect.getsource(sys.modules[EXPERIMENTS[experiment].analyse.__module__])
     assert numbers and not [x for x in numbers if re.search(rf"(?<![\d.]){re.escape(f'{x:g}')}(?!\.?\d)", source)]
 
 

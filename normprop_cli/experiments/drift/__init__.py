@@ -56,11 +56,13 @@ findings.py  headlines(cfg) and paragraphs(cfg) for the report; ablation_report.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine
+from normprop_cli.engine import RunSpec, Stage, expand_grid
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.covariate_shift import final_population
@@ -82,7 +84,7 @@ from normprop_cli.experiments.drift.spread import (
 )
 from normprop_cli.experiments.drift.steps import StepProbe
 from normprop_cli.experiments.drift.tables import ablation_settings
-from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
+from normprop_cli.experiments.lr_sweep import chosen, sweep_stages, with_rates
 from normprop_cli.experiments.probes import PopulationProbe
 
 __all__ = [
@@ -101,9 +103,10 @@ __all__ = [
     "headlines",
     "paragraphs",
     "plot",
+    "analyse",
     "random_coherence",
-    "run",
     "spectrum",
+    "stages",
 ]
 
 
@@ -112,18 +115,14 @@ def has_oracle(cfg: DictConfig) -> bool:
     return bool(cfg.model.get("sigma_oracle_every") or cfg.model.get("mean_oracle_every"))
 
 
-@experiment("drift", plot=plot, headlines=headlines, paragraphs=paragraphs)
-def run(cfg: DictConfig) -> Path:
-    if cfg.experiment.get("lr_sweep") is not None:
-        kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
-        feed = lambda spec: [SigmaOracleFeed(spec.cfg)] if has_oracle(spec.cfg) else []  # noqa: E731
-        cfg = with_rates(cfg, choose_rates(cfg, method=kind, label=kind_label, observers=feed))
-    specs = expand_grid(cfg)
+def observers_of(cfg: DictConfig) -> Callable[[RunSpec], list]:
+    """What a run of the grid observes: the Sigma-oracle's held-out batch first (every probe sees the oracle's
+    division), the spread, population (and moments) probes, the affine probe, and the in-epoch probes."""
     positions, images = int(cfg.experiment.patch_positions), int(cfg.experiment.patch_images)
     affine_probe = bool(cfg.experiment.get("affine_probe"))
 
     def observers(spec) -> list:
-        c = spec.cfg  # the Sigma-oracle's held-out batch first: every probe sees the oracle's division
+        c = spec.cfg
         out = [SigmaOracleFeed(c)] if has_oracle(c) else []
         spread = c.experiment.get("spread_probe", True)  # the costliest probe; a setting may go without it
         moments = bool(c.experiment.get("moments_probe"))
@@ -135,7 +134,29 @@ def run(cfg: DictConfig) -> Path:
         every = int(c.experiment.get("probe_every_steps") or 0)
         return out + ([StepProbe(p, every) for p in epoch_probes()] if every else [])
 
-    manifests = run_sweep(cfg, specs, observers=observers)
+    return observers
+
+
+def oracle_feed(spec: RunSpec) -> list:
+    """What a sweep run observes: the Sigma-oracle's held-out batch, where its model holds an oracle."""
+    return [SigmaOracleFeed(spec.cfg)] if has_oracle(spec.cfg) else []
+
+
+def stages(cfg: DictConfig):
+    """Where experiment.lr_sweep is set, each setting's rate sweep first; then the grid, probed."""
+    if cfg.experiment.get("lr_sweep") is not None:
+        kind = lambda c: setting_kind(lambda key: OmegaConf.select(c, key))  # noqa: E731
+        cfg = with_rates(cfg, (yield from sweep_stages(cfg, method=kind, label=kind_label, observers=oracle_feed)))
+    yield Stage(cfg, expand_grid(cfg), observers_of(cfg))
+
+
+@experiment("drift", plot=plot, headlines=headlines, paragraphs=paragraphs, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
+    if cfg.experiment.get("lr_sweep") is not None:
+        cfg = chosen(cfg)
+    specs = expand_grid(cfg)
+    affine_probe = bool(cfg.experiment.get("affine_probe"))
+    manifests = engine.manifests(specs)
     width = {"width": "model.width"}
     spread = run_tables.gather(specs, SpreadProbe.name, width)
     population = run_tables.gather(specs, PopulationProbe.name, width)

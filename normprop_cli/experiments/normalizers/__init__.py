@@ -41,11 +41,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from normprop_cli.engine import expand_grid, run_sweep
+from normprop_cli import engine
+from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.batch_size import updates_per_epoch
-from normprop_cli.experiments.lr_sweep import choose_rates, with_rates
+from normprop_cli.experiments.lr_sweep import chosen, sweep_stages, with_rates
 from normprop_cli.experiments.normalizers.figures import plot
 from normprop_cli.experiments.normalizers.findings import headlines, paragraphs, training_details
 from normprop_cli.experiments.normalizers.tables import (
@@ -111,11 +112,17 @@ def observers(spec):
     return found
 
 
-@experiment("normalizers", plot=plot, headlines=headlines, paragraphs=paragraphs)
-def run(cfg: DictConfig) -> Path:
-    cfg = with_rates(cfg, choose_rates(cfg, method=lambda c: c.method, label=label))
+def stages(cfg: DictConfig):
+    """Each setting's rate sweep, then the grid at the rates it chose."""
+    cfg = with_rates(cfg, (yield from sweep_stages(cfg, method=lambda c: c.method, label=label)))
+    yield Stage(cfg, expand_grid(cfg), observers)
+
+
+@experiment("normalizers", plot=plot, headlines=headlines, paragraphs=paragraphs, stages=stages)
+def analyse(cfg: DictConfig) -> Path:
+    cfg = chosen(cfg)
     specs = expand_grid(cfg)
-    manifests = run_sweep(cfg, specs, observers=observers)
+    manifests = engine.manifests(specs)
     steps = {spec.name: updates_per_epoch(m, spec.cfg) for spec, m in zip(specs, manifests, strict=True)}
     cols = {"normalizer": "model.norm", "batch_size": "train.batch_size", "initial_lr": "train.lr"}
     epochs = run_tables.gather(specs, columns=cols)

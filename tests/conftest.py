@@ -1,8 +1,64 @@
+import functools
+import re
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
-# The tests run small models, for which one thread is fastest and immune to a busy machine.
+# The tests run small models, for which one thread is fastest and immune to a busy machine; under pytest-xdist
+# (`make test`) this holds in each worker process, so two workers keep to one core each.
 torch.set_num_threads(1)
+
+
+@functools.cache
+def shares_a_fixture(module: Path) -> bool:
+    """Whether a test module defines a fixture its tests share (scope module or class: a smoke sweep trained once
+    for the tests that read it)."""
+    text = module.read_text() if module.suffix == ".py" and module.is_file() else ""
+    return re.search(r"scope=[\"'](module|class|package)[\"']", text) is not None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (`make test`): the tests of a module that shares a fixture go to one worker together, so
+    that it is built once, not once per worker; every other test is handed out on its own. xdist sends the groups
+    first (the larger first), then the single tests. xdist's own loadgroup reads the groups from `xdist_group`
+    marks, through a change to node ids that pytest 9.2 no longer lets it make."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if shares_a_fixture(config.rootpath / module) else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """`trained(dest, *args)`: the results tree that `normprop run ARGS --results-dir dest` writes, put in `dest`
+    (a copy, for the test to change). Each distinct command trains once per session (per worker under
+    pytest-xdist): the tests that only need its finished runs to start from share it."""
+    from typer.testing import CliRunner
+
+    from normprop_cli.cli import app
+
+    done = {}
+
+    def put(dest, *args):
+        command = tuple(str(a) for a in args)
+        if command not in done:
+            results = tmp_path_factory.mktemp("trained") / "results"
+            result = CliRunner().invoke(app, ["run", *command, "--results-dir", str(results)], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            done[command] = results
+        shutil.copytree(done[command], dest, dirs_exist_ok=True)
+        return dest
+
+    return put
 
 
 @pytest.fixture

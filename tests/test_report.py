@@ -17,11 +17,8 @@ TABLE_HEAD = (
 )
 
 
-def test_report_renders_with_experiments_missing_and_names_them(cli):
-    assert (
-        cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1", "--results-dir", cli.results).exit_code
-        == 0
-    )
+def test_report_renders_with_experiments_missing_and_names_them(cli, trained):
+    trained(cli.results, "table1", "--preset", "smoke", "--quiet", "train.epochs=1")
     result = cli("report", "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     report_md = (cli.results / "REPORT.md").read_text()
@@ -38,11 +35,8 @@ def test_report_renders_with_experiments_missing_and_names_them(cli):
     assert "Only 64 examples per split were used." in report_md
 
 
-def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, monkeypatch):
-    assert (
-        cli("run", "table1", "--preset", "smoke", "--quiet", "train.epochs=1", "--results-dir", cli.results).exit_code
-        == 0
-    )
+def test_report_opens_with_the_verdicts_and_covers_a_nested_cpu_tree(cli, trained, monkeypatch):
+    trained(cli.results, "table1", "--preset", "smoke", "--quiet", "train.epochs=1")
     shutil.copytree(cli.results / "table1", cli.results / "cpu" / "table1")  # a second tree, one level down
     found = dataclasses.replace(EXPERIMENTS["table1"], paragraphs=lambda cfg: ["A finding in words."])
     monkeypatch.setitem(EXPERIMENTS, "table1", found)

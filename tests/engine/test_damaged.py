@@ -16,12 +16,17 @@ def run_path(results):
     return results / "table1" / "synthetic" / "runs" / "r-s0"
 
 
+def finished(trained, results):
+    """`ARGS` run to the end in `results`: one finished run, trained once and copied (conftest.trained)."""
+    return trained(results, *ARGS[1:])
+
+
 def truncate(file):
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
 
 
-def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, tmp_path, interrupt_at):
-    assert cli(*ARGS, "--results-dir", tmp_path / "a").exit_code == 0
+def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, tmp_path, interrupt_at, trained):
+    finished(trained, tmp_path / "a")
     a = run_path(tmp_path / "a")
     assert not (a / "train.lock").exists()
 
@@ -44,12 +49,12 @@ def test_a_damaged_checkpoint_falls_back_one_epoch_and_retrains_it_exactly(cli, 
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_finished_run_keeps_its_checkpoint_but_not_the_one_before(cli, tmp_path, monkeypatch):
+def test_a_finished_run_keeps_its_checkpoint_but_not_the_one_before(cli, tmp_path, monkeypatch, trained):
     """checkpoint.prev.pt is kept while a run is unfinished (a damaged newest checkpoint falls back to it);
     a complete or a diverged run deletes it, and so does a finished run's next sweep where one is left."""
     from normprop_cli.engine import trainer
 
-    assert cli(*ARGS, "--results-dir", tmp_path / "c").exit_code == 0
+    finished(trained, tmp_path / "c")
     epoch = trainer.train_epoch  # the third epoch's loss is NaN: the run diverges there
     monkeypatch.setattr(
         trainer, "train_epoch", lambda run, *a: epoch(run, *a) | ({"train_loss": math.nan} if run.epoch == 2 else {})
@@ -79,8 +84,8 @@ def test_a_run_whose_every_checkpoint_is_damaged_is_a_one_line_error(cli, interr
     assert (path / "metrics.csv").read_text() == metrics and not (path / "train.lock").exists()
 
 
-def test_a_finished_run_with_a_damaged_manifest_is_rebuilt_from_its_checkpoint_not_retrained(cli):
-    assert cli(*ARGS, "--results-dir", cli.results).exit_code == 0
+def test_a_finished_run_with_a_damaged_manifest_is_rebuilt_from_its_checkpoint_not_retrained(cli, trained):
+    finished(trained, cli.results)
     path = run_path(cli.results)
     before = {file: file.stat().st_mtime_ns for file in path.glob("checkpoint*.pt")}
     metrics = (path / "metrics.csv").read_text()
@@ -100,8 +105,8 @@ def test_a_finished_run_with_a_damaged_manifest_is_rebuilt_from_its_checkpoint_n
     assert (path / "metrics.csv").read_text() == metrics
 
 
-def test_a_damaged_manifest_without_a_checkpoint_is_a_one_line_error(cli):
-    assert cli(*ARGS, "--results-dir", cli.results).exit_code == 0
+def test_a_damaged_manifest_without_a_checkpoint_is_a_one_line_error(cli, trained):
+    finished(trained, cli.results)
     path = run_path(cli.results)
     for file in path.glob("checkpoint*.pt"):
         file.unlink()
@@ -114,8 +119,8 @@ def test_a_damaged_manifest_without_a_checkpoint_is_a_one_line_error(cli):
     assert (path / "metrics.csv").read_text() == metrics
 
 
-def test_a_finished_run_with_damaged_metrics_is_rebuilt_from_its_checkpoint_not_retrained(cli, tmp_path):
-    assert cli(*ARGS, "--results-dir", tmp_path).exit_code == 0
+def test_a_finished_run_with_damaged_metrics_is_rebuilt_from_its_checkpoint_not_retrained(cli, tmp_path, trained):
+    finished(trained, tmp_path)
     path = run_path(tmp_path)
     metrics = (path / "metrics.csv").read_text()
     manifest = (path / "manifest.json").read_text()
@@ -131,8 +136,8 @@ def test_a_finished_run_with_damaged_metrics_is_rebuilt_from_its_checkpoint_not_
     pd.testing.assert_frame_equal(pd.read_csv(summary), before)
 
 
-def test_damaged_metrics_without_a_checkpoint_is_a_one_line_error(cli, tmp_path):
-    assert cli(*ARGS, "--results-dir", tmp_path).exit_code == 0
+def test_damaged_metrics_without_a_checkpoint_is_a_one_line_error(cli, tmp_path, trained):
+    finished(trained, tmp_path)
     path = run_path(tmp_path)
     (path / "metrics.csv").write_bytes(b"\xff\xfe\x00garbage")
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):

@@ -95,8 +95,8 @@ def test_diverging_run_is_recorded_and_the_sweep_goes_on(cli):
     assert metrics.drop(columns=TIMING).map(lambda v: pd.notna(v) and abs(v) < float("inf")).all().all()
 
 
-def test_another_config_in_the_same_run_directory_is_refused(cli):
-    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+def test_another_config_in_the_same_run_directory_is_refused(cli, trained):
+    trained(cli.results, "table1", *SMOKE, "train.epochs=1")  # its four runs, finished
     # An unfinished run must match (a finished one too: see the next test).
     run = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "manifest.json"
     manifest = json.loads(run.read_text())
@@ -121,10 +121,10 @@ def test_a_changed_setting_on_a_finished_run_is_refused_and_more_epochs_extend_i
     assert manifest["status"] == "complete" and manifest["epochs_done"] == 3
 
 
-def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli):
+def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli, trained):
     """experiment.paper is the report's text: an unfinished run goes on under a rewording, and a change
     to anything that trains (the width) is still refused."""
-    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    trained(cli.results, "table1", *SMOKE, "train.epochs=1")  # its four runs, finished
     run = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0" / "manifest.json"
     run.write_text(json.dumps(json.loads(run.read_text()) | {"status": "running"}))
     reworded = "experiment.paper=reworded"
@@ -135,11 +135,11 @@ def test_a_reworded_description_of_the_experiment_does_not_refuse_its_runs(cli):
     assert result.exit_code == 2 and "model.width" in result.output
 
 
-def test_how_a_step_runs_may_change_when_a_run_goes_on(cli):
+def test_how_a_step_runs_may_change_when_a_run_goes_on(cli, trained):
     """channels_last, compile and cuda_graph say how a step runs, not what it computes: like the device,
     they may differ from a run's config.yaml (runs trained when cuda_graph's default was false go on
     under auto); anything that trains is still refused."""
-    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    trained(cli.results, "table1", *SMOKE, "train.epochs=1")  # its four runs, finished
     path = cli.results / "table1" / "synthetic" / "runs" / "normprop-s0"
     stored = (path / "config.yaml").read_text()
     assert "cuda_graph: auto" in stored
@@ -153,7 +153,7 @@ def test_how_a_step_runs_may_change_when_a_run_goes_on(cli):
     assert result.exit_code == 2 and "train.amp" in result.output
 
 
-def test_the_batch_size_of_evaluation_is_not_part_of_a_run(cli):
+def test_the_batch_size_of_evaluation_is_not_part_of_a_run(cli, trained):
     """train.eval_batch_size only groups the images scored (no batch statistics in evaluation mode): a
     finished run is reused under another one, and scoring at either gives the same accuracies and the same
     losses up to float32 rounding."""
@@ -163,7 +163,7 @@ def test_the_batch_size_of_evaluation_is_not_part_of_a_run(cli):
     from normprop_cli.engine.job import load_data
     from normprop_cli.engine.trainer import evaluate, make_run
 
-    assert cli("run", "table1", *SMOKE, "train.epochs=1", "--results-dir", cli.results).exit_code == 0
+    trained(cli.results, "table1", *SMOKE, "train.epochs=1")  # its four runs, finished
     result = cli("run", "table1", *SMOKE, "train.epochs=1", "train.eval_batch_size=7", "--results-dir", cli.results)
     assert result.exit_code == 0, result.output
     assert "already finished" in result.output and "complete after" not in result.output  # reused, not retrained

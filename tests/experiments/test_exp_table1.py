@@ -8,8 +8,10 @@ from normprop_cli.experiments import table1
 
 
 @pytest.fixture(scope="module")
-def results(run_experiment):
-    return run_experiment("table1", "--preset", "smoke", "--quiet", "train.epochs=1")
+def results(trained, tmp_path_factory):
+    return trained(
+        tmp_path_factory.mktemp("table1") / "results", "table1", "--preset", "smoke", "--quiet", "train.epochs=1"
+    )
 
 
 def test_one_row_per_run_with_its_augmentation_and_the_papers_error(results):

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from normprop_cli import config, io
+from normprop_cli import config, io, statistics
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.step import make_optimizer
 from normprop_cli.experiments import EXPERIMENTS, drift
 from normprop_cli.experiments.drift import AFFINE_COLUMNS, AffineProbe
-from normprop_cli.experiments.drift.ablation import kind_label, setting_kind, welch
+from normprop_cli.experiments.drift.ablation import kind_label, setting_kind
 from normprop_cli.experiments.drift.tables import ablation_settings, main_rows
 from normprop_cli.experiments.lr_sweep import check_stepped
 from normprop_cli.nn import NIN
@@ -88,11 +88,11 @@ def test_welch_matches_scipy():
     from scipy import stats
 
     a, b = [1.0, 1.3, 0.8, 1.1], [2.0, 2.6, 1.7]
-    diff, low, high = welch(a, b)
+    diff, low, high, _ = statistics.welch(a, b)
     ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert diff == pytest.approx(np.mean(a) - np.mean(b))
     assert (low, high) == pytest.approx((ci.low, ci.high))
-    assert math.isnan(welch([1.0], b)[1])  # one seed: no interval
+    assert math.isnan(statistics.welch([1.0], b)[1])  # one seed: no interval
 
 
 def test_setting_kinds_name_each_ablation():

@@ -122,11 +122,6 @@ def rate_scale(cfg: DictConfig, setting: str) -> float | None:
     return float(found[RATE_SCALE]) if found is not None and found.get(RATE_SCALE) is not None else None
 
 
-def welch(a, b, level: float = statistics.LEVEL) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its Welch interval at `level` (statistics.welch without the p-value)."""
-    return statistics.welch(a, b, level)[:3]
-
-
 def reading(diff: float, low: float, high: float) -> str:
     """'reduces' / 'increases' where the interval excludes 0, else 'cannot be told apart'."""
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -223,7 +218,7 @@ def comparisons(cfg: DictConfig, t: dict[str, pd.DataFrame] | None = None) -> pd
             continue
         for q in [*QUANTITIES, *MORE]:
             a, b = seeds_of(t, setting, q), seeds_of(t, reference, q)
-            diff, low, high = welch(a, b)
+            diff, low, high, _ = statistics.welch(a, b)
             rows.append({"setting": setting, "reference": reference, "quantity": q, "value": a.mean(),
                          "reference_value": b.mean(), "diff": diff, "low": low, "high": high,
                          "reading": reading(diff, low, high)})  # fmt: skip

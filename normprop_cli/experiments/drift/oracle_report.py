@@ -10,6 +10,7 @@ import math
 import pandas as pd
 from omegaconf import DictConfig
 
+from normprop_cli import statistics
 from normprop_cli.experiments.drift.ablation import (
     QUANTITIES,
     entry_get,
@@ -18,7 +19,6 @@ from normprop_cli.experiments.drift.ablation import (
     rate_scale,
     read_optional,
     seeds_of,
-    welch,
 )
 from normprop_cli.experiments.drift.tables import ablation_settings, learned_rows
 from normprop_cli.statistics import format_ci
@@ -88,7 +88,9 @@ def oracle_paragraphs(cfg: DictConfig, t: dict, by: pd.DataFrame, c: pd.DataFram
         bn = _batchnorm(by, a["width"])
         verdict = {"reduces": "reduces", "increases": "increases"}.get(d["reading"], "none")
         if bn is not None:
-            diff, low, high = welch(per_seed(population, setting, "avg_drift"), per_seed(population, bn, "avg_drift"))
+            diff, low, high, _ = statistics.welch(
+                per_seed(population, setting, "avg_drift"), per_seed(population, bn, "avg_drift")
+            )
             text += f"; against BatchNorm's {by.loc[bn, 'avg_drift']:.2f}, {_ci(diff, low, high)}"
             if verdict == "reduces" and math.isfinite(high) and low <= 0:
                 verdict = "removes"
@@ -288,7 +290,7 @@ def _confound(cfg: DictConfig, t: dict, by: pd.DataFrame, c: pd.DataFrame, scale
         names = QUANTITIES | {"ratio": "spread ratio"}
         diffs = []
         for q, name in names.items():
-            diff, low, high = welch(seeds_of(t, setting, q), seeds_of(t, same[0], q))
+            diff, low, high, _ = statistics.welch(seeds_of(t, setting, q), seeds_of(t, same[0], q))
             diffs.append(f"{name} {_ci(diff, low, high)} ({_reading(low, high)})")
         out.append(
             f" At the same rate {lr:g}, {by.loc[setting, 'label']} minus {by.loc[same[0], 'label']}: "
@@ -348,7 +350,7 @@ def _first_probe(cfg: DictConfig, spread: pd.DataFrame, population: pd.DataFrame
             continue
         cells = []
         for table, q, name in [*((population, q, name) for q, name in QUANTITIES.items()), (spread, "ratio", "ratio")]:
-            diff, low, high = welch(at(table, setting, q), at(table, ref, q))
+            diff, low, high, _ = statistics.welch(at(table, setting, q), at(table, ref, q))
             cells.append(f"{name} {at(table, setting, q).mean():.2f}, {_ci(diff, low, high)} ({_reading(low, high)})")
         parts.append(f"{by.loc[setting, 'label'] if setting in by.index else setting}: " + "; ".join(cells))
     return (

@@ -122,7 +122,7 @@ FLOORS = (
     ("normprop_cli.status", "normprop_cli.verdicts"),
     ("normprop_cli.engine",),
     ("normprop_cli.hints",),
-    ("normprop_cli.config", "normprop_cli.io", "normprop_cli.device"),
+    ("normprop_cli.config", "normprop_cli.io", "normprop_cli.device", "normprop_cli.prose"),
     (
         "normprop_cli.nn",
         "normprop_cli.data",

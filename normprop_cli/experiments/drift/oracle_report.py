@@ -305,7 +305,7 @@ def steps_facts(cfg: DictConfig, t: dict, by: pd.DataFrame) -> dict:
 def _first_probe(cfg: DictConfig, spread: pd.DataFrame, population: pd.DataFrame, by: pd.DataFrame, step: int):
     """Each setting with in-epoch probes minus the reference setting (is_reference) after the first `step`
     SGD steps: the population's average drift, |mean| and std and the spread ratio, Welch 95% over seeds;
-    None without a reference setting or population probes."""
+    None without a reference setting, without another setting to hold against it or without population probes."""
     refs = [k for k in spread["setting"].unique() if is_reference(cfg, k)]
     if not refs or not len(population):
         return None
@@ -322,6 +322,8 @@ def _first_probe(cfg: DictConfig, spread: pd.DataFrame, population: pd.DataFrame
                 "quantities": [{"name": name} | cell(population, setting, q) for q, name in QUANTITIES.items()],
                 "ratio": cell(spread, setting, "ratio"),
             })  # fmt: skip
+    if not settings:
+        return None
     return {
         "step": step, "reference": by.loc[ref, "label"] if ref in by.index else ref,
         "reference_moments": [at(population, ref, q).mean() for q in QUANTITIES],

@@ -249,3 +249,22 @@ def test_the_report_says_which_parameters_the_runs_decay_read_from_their_configs
     assert "`train.decay: all` (every parameter, gains and biases included; weight decay 0.0005) in 3 runs" in text
     assert "`train.decay: weights` (the kernels alone; weight decay 0.0005) in 1 run" in text
     assert text.endswith("though not every run here does.")
+
+
+def test_the_findings_state_their_facts_and_name_the_claim_from_claims_yaml(tmp_path):
+    """Every number of the findings comes from findings_facts, and the claim the population measure bears
+    on is conf/claims.yaml's claim of the covariate-shift experiment, whose protocol this one repeats."""
+    from normprop_cli import prose
+    from normprop_cli.experiments.drift.findings import findings_facts
+    from normprop_cli.verdicts import claims
+
+    facts = findings_facts(fabricated(tmp_path, ratio_final=3.21, abs_mean_np=1.87))
+    claim = next(c for c in claims() if c.experiment == "covariate-shift")
+    assert (facts["claim_id"], facts["claim"], facts["reading"]) == (claim.id, claim.claim, "further")
+    text = " ".join(prose.render("drift_findings", facts))
+    assert f"contradicts claim {claim.id} ({claim.claim}) on this measure" in text
+    facts["claim_id"] = "C0"
+    facts["normprop"] = facts["normprop"] | {"avg_std": 4.56, "ceiling": 7.89, "lined_up": False}
+    text = " ".join(prose.render("drift_findings", facts))
+    assert "contradicts claim C0 (" in text and "an average std of 4.56" in text and "= 7.9 times" in text
+    assert "the premise fails" not in text and f"within {facts['premise']:g} of the premise's 1" in text

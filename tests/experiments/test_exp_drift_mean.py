@@ -67,3 +67,25 @@ def test_the_decomposition_runs_are_references_not_ablations():
     assert label(cfg, "batchnorm-moments", "batchnorm").endswith("(decomposition probe)")
     assert label(cfg, "normprop-centred", "normprop") == "NormProp with centred filters"
     assert "mean oracle" in label(cfg, "normprop-mean-sigma-oracle", "normprop")
+
+
+def _difference(diff: float) -> dict:
+    return {"diff": diff, "low": diff - 0.25, "high": diff + 0.25}
+
+
+def test_the_rule_paragraph_states_its_facts():
+    """The rule's paragraph writes each repair's differences, the epoch, seeds and level from its facts,
+    and its reading in the rule's own words."""
+    from normprop_cli import prose
+
+    differences = {"avg_abs_mean": 1.25, "avg_std": 2.5, "final_test_acc": -0.5}
+    repair = {"name": "centred filters"} | {q: _difference(d) for q, d in differences.items()}
+    facts = {"decomposition": None, "left": None, "reading": "undecided", "repair": "", "repairs": [repair],
+             "both": None, "worse": True, "epoch": 7, "seeds": 4, "level": 0.9}  # fmt: skip
+    (text,) = prose.render("drift_mean", facts)
+    assert "at epoch 7, 90% Welch intervals over 4 seeds): centred filters +1.25 [+1.00, +1.50] in |mean|," in text
+    assert "+2.50 [+2.25, +2.75] in std, -0.50 [-0.75, -0.25] pp in accuracy. Reading: undecided." in text
+    assert "by its letter the rule reads undecided" in text
+    (text,) = prose.render("drift_mean", facts | {"reading": "a cause", "repair": "the mean oracle"})
+    assert "Reading: the mean is named a cause: the mean oracle lower the final average |mean|." in text
+    assert "by its letter" not in text

@@ -2,7 +2,8 @@
 learned and did not diverge), the weight decay from the runs' config.yaml; the paper's column is
 `experiment.paper_expects` in conf/experiment/drift.yaml.
 The (method, width) findings read the main settings (tables.main_rows); where the grid has ablations,
-ablation_report adds their headlines and section."""
+ablation_report adds their headlines and section. The findings' numbers are findings_facts and decay_facts;
+their words are templates/drift_findings.md.j2 and drift_findings_decay.md.j2."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
+from normprop_cli import prose
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation_report import ablation_headlines, ablation_paragraphs
 from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
 from normprop_cli.io import read_yaml
 from normprop_cli.statistics import format_mean_ci
-from normprop_cli.verdicts import claims
+from normprop_cli.verdicts import Claim, claims
 
 PREMISE = 1.2  # a mean ratio above this says the pre-activation's spread is not the input's
 SHOWN_LAYERS = (4, 7)  # the wide 5x5 convs after the first, in the headlines
@@ -75,21 +77,24 @@ def _row(quantity: str, reproduced, paper) -> dict:
 
 
 def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
-    """Per (method, width): the numbers the findings cite, means over seeds (and layers)."""
+    """Per (method, width): the numbers the findings cite, means over seeds (and layers), and whether the
+    final ratio passes Prop. 1's premise (`lined_up`)."""
     out = {}
     for (method, width), g in by_group(spread):
         last = int(g["epoch"].max())
         by_layer = g[g["epoch"] == last].groupby("layer")["ratio"].mean()
-        seeds = g["seed"].nunique()
         final = g[g["epoch"] == last]
+        ratio = mean_at(g, "ratio", last)["mean"]
         out[method, width] = {
-            "label": f"width {width:g}, {seeds} seed{'s' if seeds > 1 else ''}",
             "width": width,
+            "full": width >= 1.0,
+            "seeds": int(g["seed"].nunique()),
             "last": last,
             "layer_span": f"{int(g['layer'].min())}-{int(g['layer'].max())}",
             "ratio0": mean_at(g, "ratio", 0)["mean"],
-            "ratio": mean_at(g, "ratio", last)["mean"],
-            "layers": {k: by_layer[k] for k in SHOWN_LAYERS if k in by_layer.index},
+            "ratio": ratio,
+            "lined_up": bool(ratio > PREMISE),
+            "layers": [{"layer": int(k), "ratio": by_layer[k]} for k in SHOWN_LAYERS if k in by_layer.index],
             "max_layer": int(by_layer.idxmax()),
             "max_ratio": float(by_layer.max()),
             "cos0": mean_at(g, "coherence_mean", 0)["mean"],
@@ -101,10 +106,12 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
             "top": mean_at(g, "input_top_eig_fraction", last)["mean"],
             "white": float((1.0 / g["patch_dim"]).mean()),
             "ceiling": float(np.sqrt(final["input_top_eig_fraction"] * final["patch_dim"]).mean()),
+            "has_population": False,
         }
         p = population[(population["method"] == method) & (population["width"] == width)]
         if len(p):
             p_last = int(p["epoch"].max())
+            out[method, width]["has_population"] = True
             for column in ("avg_abs_mean", "avg_std", "avg_drift"):
                 out[method, width] |= {
                     column: mean_at(p, column, p_last)["mean"],
@@ -113,119 +120,64 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
     return out
 
 
-def paragraphs(cfg: DictConfig) -> list[str]:
-    """The finding in sentences, every number read from spread.csv and population.csv (runs that
-    learned and did not diverge): C2 on the population measure, the spread ratio, the wide run, Prop. 1's premise."""
+def population_claim() -> Claim:
+    """The claim the population measure answers: the one of conf/claims.yaml whose experiment (covariate-shift,
+    Fig. 2) this experiment repeats the protocol of."""
+    return next(c for c in claims() if c.experiment == "covariate-shift")
+
+
+def _population_reading(normprop: dict, bn: dict) -> str | None:
+    """'further' (|mean| and drift both above BatchNorm's), 'closer' (both below), else None (undecided)."""
+    if normprop["avg_abs_mean"] > bn["avg_abs_mean"] and normprop["avg_drift"] > bn["avg_drift"]:
+        return "further"
+    if normprop["avg_abs_mean"] < bn["avg_abs_mean"] and normprop["avg_drift"] < bn["avg_drift"]:
+        return "closer"
+    return None
+
+
+def _wide(wide: dict, normprop: dict | None, bn: dict | None) -> dict:
+    """A wider NormProp run's numbers and whether it reads as the narrow one: the ratio on the same side
+    of PREMISE and, where every run has the population, the |mean| on the same side of BatchNorm's."""
+    versus_bn = bool(bn and bn["has_population"] and wide["has_population"] and normprop and normprop["has_population"])
+    same = normprop is not None and wide["lined_up"] == normprop["lined_up"]
+    if versus_bn:
+        same &= (wide["avg_abs_mean"] > bn["avg_abs_mean"]) == (normprop["avg_abs_mean"] > bn["avg_abs_mean"])
+    return wide | {"versus_bn": versus_bn, "same": bool(same)}
+
+
+def findings_facts(cfg: DictConfig) -> dict | None:
+    """The (method, width) findings' table: the narrowest NormProp and BatchNorm groups (`normprop`, `bn`,
+    None where absent), every wider NormProp group (`wide`), the population's reading against BatchNorm,
+    the claim it bears on (`claim_id`, `claim`) and PREMISE; None without spread rows."""
     spread, population = (learned_rows(cfg, main_rows(run_tables.read(cfg, name))) for name in ("spread", "population"))
     s = _summary(spread, population)
     if not s:
-        return []
+        return None
     narrow = min(width for _, width in s)
     normprop, bn = s.get(("normprop", narrow)), s.get(("batchnorm", narrow))
-    wide = [v for (method, width), v in s.items() if method == "normprop" and width > narrow]
+    both = bool(normprop and bn and normprop["has_population"] and bn["has_population"])
+    claim = population_claim()
+    return {
+        "normprop": normprop,
+        "bn": bn,
+        "wide": [_wide(v, normprop, bn) for (method, width), v in s.items() if method == "normprop" and width > narrow],
+        "population": both,
+        "reading": _population_reading(normprop, bn) if both else None,
+        "claim_id": claim.id,
+        "claim": claim.claim,
+        "premise": PREMISE,
+    }
+
+
+def paragraphs(cfg: DictConfig) -> list[str]:
+    """The finding in sentences, every number read from spread.csv and population.csv (runs that
+    learned and did not diverge): the weight decay, the population measure against its claim, the spread
+    ratio, the wide run, Prop. 1's premise; then the ablations'."""
+    facts = findings_facts(cfg)
+    if facts is None:
+        return []
     texts = [text for text in [decay_finding(cfg)] if text]
-    if normprop and bn and "avg_abs_mean" in normprop and "avg_abs_mean" in bn:
-        texts.append(_population_finding(normprop, bn))
-    if normprop:
-        texts.append(_ratio_finding(normprop, bn))
-    texts += [_wide_finding(w, normprop, bn) for w in wide]
-    if normprop:
-        texts.append(_premise_finding(normprop))
-    return texts + ablation_paragraphs(cfg)
-
-
-def _population_finding(normprop: dict, bn: dict) -> str:
-    further = normprop["avg_abs_mean"] > bn["avg_abs_mean"] and normprop["avg_drift"] > bn["avg_drift"]
-    closer = normprop["avg_abs_mean"] < bn["avg_abs_mean"] and normprop["avg_drift"] < bn["avg_drift"]
-    if further:
-        end = (
-            "further from N(0, 1), and from where they started, than BatchNorm's, which contradicts claim C2 "
-            f"({next(c.claim for c in claims() if c.id == 'C2')}) on this measure"
-        )
-    elif closer:
-        end = "closer to N(0, 1), and to where they started, than BatchNorm's, which supports claim C2 on this measure"
-    else:
-        end = (
-            "neither further from nor closer to N(0, 1) than BatchNorm's on both counts: claim C2 stays undecided here"
-        )
-    return (
-        f"Over all input-dependent units of layers 2-9 and the evaluation set, after {normprop['last']} epochs "
-        f"NormProp's layer inputs ({normprop['label']}) have an average |mean| of {normprop['avg_abs_mean']:.2f} "
-        f"and an average std of {normprop['avg_std']:.2f} (at initialisation {normprop['avg_abs_mean0']:.2f} and "
-        f"{normprop['avg_std0']:.2f}), and have drifted {normprop['avg_drift']:.2f} initial stds on average; "
-        f"BatchNorm's ({bn['label']}) {bn['avg_abs_mean']:.2f} and {bn['avg_std']:.2f} (at initialisation "
-        f"{bn['avg_abs_mean0']:.2f} and {bn['avg_std0']:.2f}), and {bn['avg_drift']:.2f}. NormProp's inputs end {end}."
-    )
-
-
-def _ratio_finding(normprop: dict, bn: dict | None) -> str:
-    layers = ", ".join(f"layer {k}: {v:.2f}" for k, v in normprop["layers"].items())
-    text = (
-        "The spread of W_i x / ||W_i|| relative to the spread of its input x, which Proposition 1 with white "
-        f"input and unit-norm rows puts at 1, averages {normprop['ratio0']:.2f} over NormProp's layers "
-        f"{normprop['layer_span']} at initialisation and {normprop['ratio']:.2f} after {normprop['last']} epochs "
-        f"({layers}; largest in layer {normprop['max_layer']}: {normprop['max_ratio']:.2f})."
-    )
-    if bn:
-        text += (
-            f" BatchNorm's filters go from {bn['ratio0']:.2f} to {bn['ratio']:.2f}, but BatchNorm divides by the "
-            "measured std, so its ratio never reaches its layer outputs; NormProp divides by ||W_i|| alone (eq. 11), "
-            "so the ratio passes into its pre-activation's std, beside gamma_i and the Jacobian factor."
-        )
-    if normprop["ratio"] > PREMISE:
-        return text + " The trained filters have lined up with high-variance directions of their input."
-    return text + (
-        f" The ratio stays below {PREMISE:g}: in this budget the filters have not lined up with their input's "
-        "high-variance directions enough to explain a drift."
-    )
-
-
-def _wide_finding(wide: dict, normprop: dict | None, bn: dict | None) -> str:
-    name = "full-width" if wide["width"] >= 1.0 else "wider"
-    numbers = (
-        f"the ratio goes from {wide['ratio0']:.2f} to {wide['ratio']:.2f} after {wide['last']} epochs (largest in "
-        f"layer {wide['max_layer']}: {wide['max_ratio']:.2f})"
-    )
-    if "avg_abs_mean" in wide:
-        numbers += (
-            f", the average |mean| is {wide['avg_abs_mean']:.2f}, the average std {wide['avg_std']:.2f} and the "
-            f"drift {wide['avg_drift']:.2f}"
-        )
-    if normprop is None:
-        return f"The {name} NormProp run ({wide['label']}): {numbers}."
-    same = (wide["ratio"] > PREMISE) == (normprop["ratio"] > PREMISE)
-    if bn and "avg_abs_mean" in bn and "avg_abs_mean" in wide and "avg_abs_mean" in normprop:
-        numbers += f" (BatchNorm's average |mean|: {bn['avg_abs_mean']:.2f})"
-        same &= (wide["avg_abs_mean"] > bn["avg_abs_mean"]) == (normprop["avg_abs_mean"] > bn["avg_abs_mean"])
-    verdict = "the same, so the narrow width does not explain it" if same else "otherwise: the width may matter"
-    return f"The {name} NormProp run ({wide['label']}) shows {verdict}: {numbers}."
-
-
-def _premise_finding(normprop: dict) -> str:
-    text = (
-        "Proposition 1 assumes E[xx^T] = sigma^2 I and incoherent rows of W. The patch covariance of NormProp's "
-        f"layer inputs puts {normprop['top0']:.3f} of its trace on its top eigenvector at initialisation and "
-        f"{normprop['top']:.3f} after training (mean over layers; white input would give {normprop['white']:.4f}), "
-        f"so the input is far from sigma^2 I from the start. The rows' mean |cos| goes from {normprop['cos0']:.3f} "
-        f"to {normprop['cos']:.3f} (independent random rows of the same length: {normprop['cos_random']:.3f}) and "
-        f"their mutual coherence from {normprop['mu0']:.2f} to {normprop['mu']:.2f}. With correlated input, rows in "
-        "random directions still see the average variance (a ratio near 1 at initialisation), but a row along the "
-        f"top eigenvector would see about sqrt(n x top share) = {normprop['ceiling']:.1f} times the input's std "
-        "(mean over layers). "
-    )
-    if normprop["ratio"] > PREMISE:
-        return text + (
-            f"After training the ratio is {normprop['ratio']:.2f}: the premise fails, the canonical-covariance "
-            "argument no longer holds, and dividing by ||W_i|| no longer gives a pre-activation of its input's "
-            "variance."
-        )
-    return text + (
-        f"After training the ratio is {normprop['ratio']:.2f}, within {PREMISE:g} of the premise's 1: in this budget "
-        "the data do not show the canonical-covariance argument failing."
-    )
-
-
-DECAYS = {"all": "every parameter, gains and biases included", "weights": "the kernels alone"}
+    return texts + prose.render("drift_findings", facts) + ablation_paragraphs(cfg)
 
 
 def run_decays(runs: Path, names=None) -> Counter:
@@ -242,16 +194,16 @@ def run_decays(runs: Path, names=None) -> Counter:
     return found
 
 
-def _decay_words(found: Counter) -> str:
-    """'`train.decay: all` (every parameter, gains and biases included; weight decay 0.0005)', per value."""
-    count = (lambda n: f" in {n} run{'s' * (n != 1)}") if len(found) > 1 else (lambda n: "")
-    return "; ".join(f"`train.decay: {decay}` ({DECAYS.get(decay, decay)}; weight decay {wd:g}){count(n)}"
-                     for (decay, wd), n in found.items())  # fmt: skip
+def _decays(found: Counter) -> list[dict]:
+    """One row per (train.decay, weight decay) with its number of runs."""
+    return [{"decay": decay, "weight_decay": wd, "runs": n} for (decay, wd), n in found.items()]
 
 
-def decay_finding(cfg: DictConfig) -> str:
-    """Which parameters the runs weight-decay, read from their config.yaml, and why it is not the normalizers
-    experiment's choice (its runs' config.yaml where they are beside these, else its config); '' with no runs."""
+def decay_facts(cfg: DictConfig) -> dict | None:
+    """Which parameters the reported runs weight-decay (`here`), read from their config.yaml, and the
+    normalizers experiment's (`other`: its runs' config.yaml where they are beside these, else its config);
+    `kinds` is 'all' where every run here decays every parameter, 'some' where some do, 'none' where none
+    do. None with no runs."""
     from normprop_cli import config
     from normprop_cli.engine import sweep_dir
 
@@ -261,19 +213,23 @@ def decay_finding(cfg: DictConfig) -> str:
     names = set(reported["run"]) if "run" in reported else None
     found = run_decays(here / "runs", names)
     if not found:
-        return ""
+        return None
     other = run_decays(Path(cfg.results_dir) / "normalizers" / cfg.dataset.name / "runs")
     if not other:
         c = config.load("normalizers", preset=cfg.preset.name, dataset=cfg.dataset.name).train
         other = Counter({(str(c.get("decay", "all")), float(c.weight_decay)): 0})
-    same = {d for d, _ in other} == {d for d, _ in found}
     kinds = {d for d, _ in found}
-    why = ("so it trains them the same way" if kinds == {"all"} else
-           "though not every run here does" if "all" in kinds else "though these runs do not")  # fmt: skip
-    return (
-        f"*Weight decay.* The {sum(found.values())} runs here use {_decay_words(found)}, as their config.yaml "
-        + ("records, and so do the normalizers experiment's runs" if same else
-           f"records, while the normalizers experiment's runs use {_decay_words(other)}")
-        + ": this experiment explains the drift of NormProp's runs in the paper's own experiments "
-        f"(covariate-shift), which weight-decay every parameter, {why}."
-    )  # fmt: skip
+    return {
+        "runs": sum(found.values()),
+        "here": _decays(found),
+        "other": _decays(other),
+        "same": {d for d, _ in other} == kinds,
+        "kinds": "all" if kinds == {"all"} else "some" if "all" in kinds else "none",
+    }
+
+
+def decay_finding(cfg: DictConfig) -> str:
+    """Which parameters the runs weight-decay and why it is not the normalizers experiment's choice
+    (decay_facts); '' with no runs."""
+    facts = decay_facts(cfg)
+    return " ".join(prose.render("drift_findings_decay", facts)) if facts else ""

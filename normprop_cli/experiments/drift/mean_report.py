@@ -1,6 +1,8 @@
 """The pre-activation mean's part of the drift (fashion preset): the decomposition of every layer input's
 departure from N(0, 1) into its mean and its spread (moments.csv, drift/moments.py), and the rule fixed in
-conf/experiment_preset/drift_fashion.yaml before the runs, read on ablation.csv's comparisons.
+conf/experiment_preset/drift_fashion.yaml before the runs, read on ablation.csv's comparisons. The numbers
+the report states are mean_facts; the words are templates/drift_mean.md.j2 (the rule's reading:
+drift_mean_reading.md.j2).
 
 decomposition.csv  per setting, epoch (fractions inside epoch 1, with `step`) and layer: the mean over
                    seeds of MOMENTS_COLUMNS' quantities, and the mean's share with its t interval
@@ -16,7 +18,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from normprop_cli import statistics
+from normprop_cli import prose, statistics
 from normprop_cli.experiments import plots
 from normprop_cli.experiments import tables as run_tables
 from normprop_cli.experiments.drift.ablation import comparisons, read_optional
@@ -29,6 +31,7 @@ BOTH = "normprop-mean-sigma-oracle"
 REFERENCES = {"normprop-moments": "NormProp", "batchnorm-moments": "BatchNorm"}
 THRESHOLD = 0.30  # the rule's |mean| and std reductions (a third of NormProp's final average |mean|, 0.89)
 HIDDEN = range(2, 10)  # layers 2-9, as the population metric
+RULED = ("avg_abs_mean", "avg_std", "final_test_acc")  # the quantities the rule reads, in its order
 
 
 def moments(cfg: DictConfig) -> pd.DataFrame:
@@ -67,13 +70,14 @@ def final_share(m: pd.DataFrame, setting: str) -> dict:
     return statistics.mean_ci(g.groupby("seed")["share_mean"].mean())
 
 
-def rule(c: pd.DataFrame) -> tuple[str, dict]:
-    """The rule's reading and, per repair, its (|mean|, std, accuracy) comparison rows."""
-    rows = {s: {q: c[(c["setting"] == s) & (c["quantity"] == q)] for q in ("avg_abs_mean", "avg_std", "final_test_acc")}
+def _reading(c: pd.DataFrame) -> tuple[str, str | None, dict]:
+    """The rule's reading ('not read', 'the cause', 'a cause', 'ruled out', 'undecided'), the repair it
+    names (None where it names none) and, per repair, its (|mean|, std, accuracy) comparison rows."""
+    rows = {s: {q: c[(c["setting"] == s) & (c["quantity"] == q)] for q in RULED}
             for s in REPAIRS if len(c) and (c["setting"] == s).any()}  # fmt: skip
     found = {s: {q: r.iloc[0] for q, r in qs.items() if len(r)} for s, qs in rows.items()}
     if len(found) < len(REPAIRS) or any(len(v) < 3 for v in found.values()):
-        return "not read: a repair's runs are missing", found
+        return "not read", None, found
 
     def lowers(r) -> bool:
         return r["diff"] <= -THRESHOLD and r["high"] < 0
@@ -81,106 +85,125 @@ def rule(c: pd.DataFrame) -> tuple[str, dict]:
     cause = [s for s, v in found.items() if lowers(v["avg_abs_mean"])]
     whole = [s for s in cause if lowers(found[s]["avg_std"]) and found[s]["final_test_acc"]["high"] >= 0]
     if whole:
-        return f"the mean is named the cause: {REPAIRS[whole[0]]} remove the drift", found
+        return "the cause", whole[0], found
     if cause:
-        return f"the mean is named a cause: {REPAIRS[cause[0]]} lower the final average |mean|", found
+        return "a cause", cause[0], found
     if all(v["avg_abs_mean"]["low"] <= 0 <= v["avg_abs_mean"]["high"] and v["avg_abs_mean"]["low"] > -THRESHOLD
            for v in found.values()):  # fmt: skip
-        return "the mean is ruled out", found
-    return "undecided", found
+        return "ruled out", None, found
+    return "undecided", None, found
 
 
-def _d(r, digits: int = 2) -> str:
-    return f"{r['diff']:+.{digits}f} [{r['low']:+.{digits}f}, {r['high']:+.{digits}f}]"
+def _reading_facts(reading: str, repair: str | None) -> dict:
+    """The reading and the name of the repair it names ('' where none)."""
+    return {"reading": reading, "repair": REPAIRS.get(repair, "")}
+
+
+def rule(c: pd.DataFrame) -> tuple[str, dict]:
+    """The rule's reading in words and, per repair, its (|mean|, std, accuracy) comparison rows."""
+    reading, repair, found = _reading(c)
+    return prose.render("drift_mean_reading", _reading_facts(reading, repair))[0], found
+
+
+def _difference(r) -> dict:
+    """A comparison row's difference from NormProp and its interval."""
+    return {"diff": float(r["diff"]), "low": float(r["low"]), "high": float(r["high"])}
+
+
+def _compared(name: str, v) -> dict:
+    """A setting's |mean|, std and accuracy differences from NormProp (a row per quantity in `v`)."""
+    return {"name": name, **{q: _difference(v[q]) for q in RULED}}
+
+
+def mean_facts(cfg: DictConfig) -> dict | None:
+    """The decomposition's and the rule's table: `decomposition` and `left` (None without NormProp's
+    decomposition runs), the rule's reading (`reading`, `repair`), each repair's differences (`repairs`),
+    the two oracles together (`both`, or None), whether both repairs raise the |mean| (`worse`), and the
+    epoch, seeds and level the differences are read at; None without moments or the rule's comparisons."""
+    m = moments(cfg)
+    c = comparisons(cfg)
+    if not len(m) or not len(c) or not c["setting"].isin(list(REPAIRS)).any():
+        return None
+    reading, repair, found = _reading(c)
+    both = c[c["setting"] == BOTH].set_index("quantity") if (c["setting"] == BOTH).any() else None
+    has_both = both is not None and set(RULED) <= set(both.index)
+    return {
+        "decomposition": _decomposition(m),
+        "left": _left(cfg, m),
+        **_reading_facts(reading, repair),
+        "repairs": [_compared(REPAIRS[s], v) for s, v in found.items() if len(v) == 3],
+        "both": _compared("", {q: both.loc[q] for q in RULED}) if has_both else None,
+        "worse": all(len(v) == 3 and v["avg_abs_mean"]["low"] > 0 for v in found.values()),
+        "epoch": int(cfg.train.epochs),
+        "seeds": int(cfg.seeds),
+        "level": statistics.LEVEL,
+    }
 
 
 def mean_paragraphs(cfg: DictConfig) -> list[str]:
     """The decomposition and the rule's reading, every number from moments.csv and ablation.csv's comparisons."""
-    m = moments(cfg)
-    c = comparisons(cfg)
-    if not len(m) or not len(c) or not c["setting"].isin(list(REPAIRS)).any():
-        return []
-    texts = [_decomposition_text(m)]
-    reading, found = rule(c)
-    parts = []
-    for s, v in found.items():
-        if len(v) == 3:
-            parts.append(f"{REPAIRS[s]} {_d(v['avg_abs_mean'])} in |mean|, {_d(v['avg_std'])} in std, "
-                         f"{_d(v['final_test_acc'])} pp in accuracy")  # fmt: skip
-    both = c[c["setting"] == BOTH].set_index("quantity") if (c["setting"] == BOTH).any() else None
-    has_both = both is not None and {"avg_abs_mean", "avg_std", "final_test_acc"} <= set(both.index)
-    extra = (f" The mean and Sigma oracles together: {_d(both.loc['avg_abs_mean'])} in |mean|, "
-             f"{_d(both.loc['avg_std'])} in std, {_d(both.loc['final_test_acc'])} pp." if has_both else "")  # fmt: skip
-    worse = all(len(v) == 3 and v["avg_abs_mean"]["low"] > 0 for v in found.values())
-    gloss = (" The rule's 'ruled out' clause expected no effect; here both repairs raise the |mean| and the std "
-             "with intervals wholly above 0, which that clause does not cover, so by its letter the rule reads "
-             "undecided. In the ablation table's terms (taking a part away increases the drift) the mean is ruled "
-             "out like the parts above: the evidence points away from it, since taking the pre-activation's mean "
-             "away makes the layer inputs leave N(0, 1) further, not less. No repaired method follows from it."
-             if reading == "undecided" and worse else "")  # fmt: skip
-    texts.append(_left(cfg, m))
-    texts.insert(
-        -1,
-        f"The rule fixed before these runs (drift_fashion.yaml; differences from plain NormProp at epoch 6, 95% "
-        f"Welch intervals over 3 seeds): {'; '.join(parts)}.{extra} Reading: {reading}.{gloss}",
-    )
-    return [t for t in texts if t]
+    facts = mean_facts(cfg)
+    return prose.render("drift_mean", facts) if facts else []
 
 
-def _left(cfg: DictConfig, m: pd.DataFrame) -> str:
-    """What is left once the mean is out: the spread, and the one division no setting has tried."""
+def _left(cfg: DictConfig, m: pd.DataFrame) -> dict | None:
+    """What is left once the mean is out: NormProp's final var - 1 over seeds, and the input variance the
+    Sigma-oracle holds at its first and last layer (`sigma`, None without sigma_oracle.csv)."""
     g = m[(m["setting"] == "normprop-moments") & m["layer"].isin(HIDDEN)]
     if not len(g):
-        return ""
+        return None
     last = g[g["epoch"] == g["epoch"].max()]
     var = last.groupby("seed")["var_minus_1"].mean()
     oracle = read_optional(cfg, "sigma_oracle")
     o = oracle[oracle["setting"] == "normprop-sigma-oracle"] if len(oracle) else oracle
-    sigma = ""
+    sigma = None
     if len(o):
         end = o[o["epoch"] == o["epoch"].max()].groupby("layer")["input_var"].mean()
-        sigma = (f" The Sigma-oracle keeps each pre-activation at its input's average variance sigma^2 rather "
-                 f"than at 1, and that sigma^2 itself grows with depth ({end.iloc[0]:.2f} at layer 1, "
-                 f"{end.iloc[-1]:.2f} at layer {int(end.index[-1])}, last epoch; `sigma_oracle.csv`).")  # fmt: skip
-    return (
-        f"What is left is the spread: NormProp's var - 1, averaged over layers 2-9, ends at "
-        f"{statistics.format_mean_ci(statistics.mean_ci(var))} over seeds, positive and growing with depth, and no "
-        f"setting (without the Jacobian factor, gamma and beta frozen, half or twice the rate, whitened input, the "
-        f"Sigma-oracle, the mean's removal) lowers the final average std with an interval below 0 "
-        f"(`ablation.csv`).{sigma} Untested: a division by each "
-        f"pre-activation's own measured std (an oracle that resets the variance to 1 in every layer, as BatchNorm "
-        f"does with batch statistics), which no batch-independent method gives without an estimate of it."
-    )
+        sigma = {"first": float(end.iloc[0]), "first_layer": int(end.index[0]),
+                 "last": float(end.iloc[-1]), "last_layer": int(end.index[-1])}  # fmt: skip
+    return {"var": statistics.mean_ci(var), "layers": _span(HIDDEN), "sigma": sigma}
 
 
-def _decomposition_text(m: pd.DataFrame) -> str:
-    ref = "normprop-moments" if (m["setting"] == "normprop-moments").any() else None
-    if ref is None:
-        return ""
+def _span(layers) -> str:
+    """'2-9': the first and last of a run of layers."""
+    layers = list(layers)
+    return f"{layers[0]}-{layers[-1]}"
+
+
+def _decomposition(m: pd.DataFrame) -> dict | None:
+    """NormProp's share of the mean at its last epoch (and BatchNorm's), where it lies against one half
+    (`verdict`: 'spread', 'mean' or None), the share after the first in-epoch probe (`first`, or None),
+    mean^2 and |var - 1| at initialisation and in the first and last hidden layer at the end (`_f`'s
+    strings), and the correlation of W_i^T E[x] / ||W_i|| with the unit's mean over the layers that have it."""
+    ref = "normprop-moments"
+    if not (m["setting"] == ref).any():
+        return None
     share = final_share(m, ref)
-    bn = final_share(m, "batchnorm-moments")
     g = m[(m["setting"] == ref) & m["layer"].isin(HIDDEN)]
     last = g[g["epoch"] == g["epoch"].max()].groupby("layer")[["mean_sq", "abs_var_minus_1", "corr_wx_out"]].mean()
     start = g[g["epoch"] == 0].groupby("layer")[["mean_sq", "abs_var_minus_1"]].mean()
     inside = g[g["epoch"].between(0, 1, inclusive="neither")].groupby("step")[["share_mean"]].mean()
-    verdict = ("mostly in the spread" if share["ci_high"] < 0.5 else "mostly in the mean" if share["ci_low"] > 0.5
-               else "not told apart between mean and spread")  # fmt: skip
-    first = f"{inside['share_mean'].iloc[0]:.2f} after {int(inside.index[0])} steps, " if len(inside) else ""
-    return (
-        f"Decomposition (moments.csv, decomposition.csv): for a layer input x in standard units, E[x^2] - 1 = "
-        f"mean^2 + (var - 1). NormProp's drift is {verdict}: at epoch 6 the mean's share mean^2 / (mean^2 + "
-        f"|var - 1|), averaged over layers 2-9, is {statistics.format_mean_ci(share)} over seeds ({first}"
-        f"{_f(start['mean_sq'].mean())} mean^2 against {_f(start['abs_var_minus_1'].mean())} |var - 1| at "
-        f"initialisation; BatchNorm's share {statistics.format_mean_ci(bn)}). Both parts grow with depth: "
-        f"layer 2 ends at {_f(last['mean_sq'].iloc[0])} and {_f(last['abs_var_minus_1'].iloc[0])}, layer 9 at "
-        f"{_f(last['mean_sq'].iloc[-1])} and {_f(last['abs_var_minus_1'].iloc[-1])} (units' averages, which a "
-        f"few wide units dominate in the last layers). The measured W_i^T E[x] / ||W_i|| follows the mean of the "
-        f"unit it feeds (correlation over filters {last['corr_wx_out'].min():.2f} to "
-        f"{last['corr_wx_out'].max():.2f} in layers 2-8), yet removing it does not hold the units: see the rule."
-    )
+    corr = last["corr_wx_out"].dropna()
+    return {
+        "verdict": "spread" if share["ci_high"] < 0.5 else "mean" if share["ci_low"] > 0.5 else None,
+        "epoch": int(g["epoch"].max()),
+        "layers": _span(HIDDEN),
+        "share": share,
+        "bn_share": final_share(m, "batchnorm-moments"),
+        "first": {"share": float(inside["share_mean"].iloc[0]), "steps": int(inside.index[0])} if len(inside) else None,
+        "start": {"mean_sq": _f(start["mean_sq"].mean()), "var": _f(start["abs_var_minus_1"].mean())},
+        "ends": [
+            {"layer": int(k), "mean_sq": _f(last.loc[k, "mean_sq"]), "var": _f(last.loc[k, "abs_var_minus_1"])}
+            for k in (last.index[0], last.index[-1])
+        ],
+        "corr_low": float(last["corr_wx_out"].min()),
+        "corr_high": float(last["corr_wx_out"].max()),
+        "corr_layers": _span(corr.index if len(corr) else last.index),
+    }
 
 
 def _f(v: float) -> str:
+    """Two decimals, none from 100 on (the last layers' units reach thousands), 'n/a' where not finite."""
     return "n/a" if not math.isfinite(v) else f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
 
 

@@ -36,7 +36,7 @@ import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from omegaconf import DictConfig
 
-from normprop_cli import engine, statistics
+from normprop_cli import engine, prose, statistics
 from normprop_cli.engine import Stage, expand_grid
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
@@ -54,6 +54,8 @@ ACTIVATION_LABELS = {"relu": "ReLU", "prelu": "PReLU", "tanh": "tanh", "sigmoid"
 ACTIVATION_COLORS = {"relu": "C0", "prelu": "C2", "tanh": "C3", "sigmoid": "C4", "tanh_reluconst": "C1",
                      "sigmoid_reluconst": "C5"}  # fmt: skip
 NOT_IN_PAPER = "no experiment in the paper (section 4.6)"
+NAME = "activations"  # the experiment, and so its claim in conf/claims.yaml
+POOLING_SECTION = "3.2"  # the paper's section that leaves pooling unnormalised
 
 
 def first_layer_prediction(activation: str, jacobian: str = "divide") -> tuple[float, float]:
@@ -259,81 +261,80 @@ def headlines(cfg: DictConfig) -> list[dict]:
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
-    """The findings in sentences, every number read from layer_stats.csv and summary.csv."""
+    """The findings in sentences (templates/activations.md.j2), every number read from layer_stats.csv and
+    summary.csv (activation_facts)."""
+    return prose.render("activations", activation_facts(cfg))
+
+
+def claim() -> rule.Claim:
+    """The claim this experiment tests (conf/claims.yaml), found by its experiment."""
+    return next(c for c in rule.claims() if c.experiment == NAME)
+
+
+def activation_facts(cfg: DictConfig) -> dict:
+    """What the paragraphs state: per activation, NormProp's (and BatchNorm's) layer statistics at
+    initialisation beside eq. 12's prediction and after training; the accuracies against BatchNorm; the
+    claim's two parts, (a) against its margin and (b) against 0, each per seed the worst activation
+    (`compared`: both the pairs and part (a) have seeds; else the second paragraph is left out)."""
     summary, stats = tables.read(cfg, "summary"), tables.read(cfg, "layer_stats")
     order = _activations(summary)
-    normprop = {a: s for a in order if (s := _layers(stats, "normprop", a))}
-    bn = {a: s for a in order if (s := _layers(stats, "batchnorm", a))}
-    texts = []
-    if normprop:
-        jacobian = str(cfg.model.jacobian)
-        predicted = ", ".join(f"{first_layer_prediction(a, jacobian)[1]:.2f}" for a in normprop)
-        first = ", ".join(f"{_name(a)} {s['std_first']:.2f}" for a, s in normprop.items())
-        layers = "; ".join(
-            f"{_name(a)} {s['std0']:.2f} ({s['std0_lo']:.2f}-{s['std0_hi']:.2f}) and {s['mean0']:.2f}"
-            for a, s in normprop.items()
-        )
-        after = "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in normprop.items())
-        epoch = next(iter(normprop.values()))["epoch"]
-        text = (
-            f"At initialisation, over {tables.probe_set(cfg)} and in the standard units of each activation "
-            "((x - c2) / c1), "
-            f"the input of NormProp's layer 2 (its first layer's output) has an average std of {first}; eq. 12 with "
-            f"each activation's own constants and Jacobian factor (jacobian={jacobian}) predicts {predicted} for "
-            "N(0, 1) pre-activations, which Prop. 1 gives on white, normalised input. Over layers 2-9 the average "
-            f"std (range over layers) and the average |mean| are {layers}: pooling is not re-normalised (section "
-            f"3.2) and each layer's Jacobian factor divides again. After {epoch} epochs they are {after}."
-        )
-        if bn:
-            text += (
-                " BatchNorm's, read in the same units, are at initialisation (batch statistics) "
-                + "; ".join(f"{_name(a)} {s['std0']:.2f} and {s['mean0']:.2f}" for a, s in bn.items())
-                + ", and after training "
-                + "; ".join(f"{_name(a)} {s['std']:.2f} and {s['mean']:.2f}" for a, s in bn.items())
-                + "."
-            )
-        texts.append(text)
+    jacobian = str(cfg.model.jacobian)
+    facts = {
+        "claim": claim().id,
+        "probe_set": tables.probe_set(cfg),
+        "jacobian": jacobian,
+        "pooling_section": POOLING_SECTION,
+        "normprop": [
+            s | {"name": _name(a), "predicted": first_layer_prediction(a, jacobian)[1]}
+            for a in order
+            if (s := _layers(stats, "normprop", a))
+        ],
+        "batchnorm": [s | {"name": _name(a)} for a in order if (s := _layers(stats, "batchnorm", a))],
+    }
     gaps = paired_gaps(summary)
     wide = c8.normprop_accuracy(summary) if len(summary) and "activation" in summary else pd.DataFrame()
     works = c8.worst(c8.own_changes(wide)) if len(wide) else pd.DataFrame()
-    if len(gaps) and len(works):
-        epochs = int(summary["epochs_done"].max()) if "epochs_done" in summary else 0
-        per = "; ".join(
-            f"{_name(a)} {g['normprop'].mean():.2f} vs {g['batchnorm'].mean():.2f} ({_ci(g['gap'])} pp)"
+    facts["compared"] = bool(len(gaps) and len(works))
+    if not facts["compared"]:
+        return facts
+    gains = c8.constants_gains(wide)
+    return facts | {
+        "epochs": int(summary["epochs_done"].max()) if "epochs_done" in summary else 0,
+        "gaps": [
+            {
+                "name": _name(a),
+                "normprop": g["normprop"].mean(),
+                "batchnorm": g["batchnorm"].mean(),
+                "gap": statistics.mean_ci(g["gap"]),
+            }
             for a, g in gaps.groupby("activation", sort=False)
-        )
-        own = "; ".join(f"{_name(a)} {_ci(g['change'])} pp" for a, g in c8.own_changes(wide).groupby("activation"))
-        text = (
-            f"Final test accuracy (%) after {epochs} epochs, NormProp vs BatchNorm with the same activation, and "
-            f"the difference paired by seed with its 95% interval: {per}. C8 does not test these (BatchNorm "
-            f"with sigmoid learns slowly at the shared rate); it asks (a) what leaving ReLU costs NormProp itself, "
-            f"NormProp with each activation minus with ReLU: {own}, of which per seed the worst: "
-            f"{_ci(works['change'])} pp, {_against_margin(statistics.mean_ci(works['change']), wide)}"
-        )
-        gains = c8.constants_gains(wide)
-        if len(gains):
-            each = "; ".join(f"{_name(a)} {_ci(g['change'])} pp" for a, g in gains.groupby("activation", sort=False))
-            text += (
-                f"; and (b) what the activation's own constants give over ReLU's in their place (the ablation "
-                f"runs, same budget): {each}, of which per seed the worst: {_ci(c8.worst(gains)['change'])} pp, "
-                "against 0. C8 needs both; its verdict, with the halves rule, is in the table at the top."
-            )
-        else:
-            text += "; (b), its own constants against ReLU's, has no ablation runs here, and C8 no interval."
-        texts.append(text)
-    return texts
+        ],
+        "own": _each(c8.own_changes(wide), sort=True),  # sorted by the activation's key
+        "works": statistics.mean_ci(works["change"]),
+        "margin": _margin(statistics.mean_ci(works["change"]), wide),
+        "constants": _each(gains, sort=False),
+        "constants_worst": statistics.mean_ci(c8.worst(gains)["change"]) if len(gains) else None,
+    }
+
+
+def _each(changes: pd.DataFrame, sort: bool) -> list[dict]:
+    """Per activation of a table of per-seed changes (verdicts.constants): its name and mean_ci."""
+    return [
+        {"name": _name(a), "change": statistics.mean_ci(g["change"])}
+        for a, g in changes.groupby("activation", sort=sort)
+    ]
 
 
 def _parts_rows(summary: pd.DataFrame) -> list[dict]:
-    """C8's two parts, per seed the worst activation of each (verdicts.constants), as headline rows."""
+    """The claim's two parts, per seed the worst activation of each (verdicts.constants), as headline rows."""
     if not len(summary) or "activation" not in summary:
         return []
-    wide, rows = c8.normprop_accuracy(summary), []
+    wide, rows, cid = c8.normprop_accuracy(summary), [], claim().id
     for what, changes in (
-        ("C8 (a): per seed, the worst of the activations other than ReLU of NormProp's final test accuracy minus "
-         "NormProp's with ReLU (pp)", c8.own_changes(wide)),
-        ("C8 (b): per seed, the worst of the ablated activations of NormProp with its own constants minus with "
-         "ReLU's (pp)", c8.constants_gains(wide)),
+        (f"{cid} (a): per seed, the worst of the activations other than ReLU of NormProp's final test accuracy "
+         "minus NormProp's with ReLU (pp)", c8.own_changes(wide)),
+        (f"{cid} (b): per seed, the worst of the ablated activations of NormProp with its own constants minus "
+         "with ReLU's (pp)", c8.constants_gains(wide)),
     ):  # fmt: skip
         worst = c8.worst(changes)
         if len(worst):
@@ -342,27 +343,23 @@ def _parts_rows(summary: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def _against_margin(ci: dict, wide: pd.DataFrame) -> str:
-    """Where part (a)'s interval lies against C8's margin, in words: a fraction of NormProp's test error
-    (%) with ReLU (conf/claims.yaml)."""
-    claim = next(c for c in rule.claims() if c.id == "C8")
+def _margin(ci: dict, wide: pd.DataFrame) -> dict:
+    """Where part (a)'s interval lies against the claim's margin, a fraction of NormProp's test error (%)
+    with ReLU (conf/claims.yaml): `side` above or below it, None where it straddles it; `interval` False
+    with fewer than 2 seeds."""
     reference = 100.0 - wide[REFERENCE].mean() if REFERENCE in wide else math.nan
-    low, high, margin = ci["ci_low"], ci["ci_high"], rule.absolute_margin(claim, reference)
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "no interval (fewer than 2 seeds)"
+    low, high, margin = ci["ci_low"], ci["ci_high"], rule.absolute_margin(claim(), reference)
     side = {rule.REPRODUCED: "above", rule.NOT_REPRODUCED: "below"}.get(
         rule.verdict(rule.NON_INFERIORITY, low, high, margin, ci["n"])
     )
-    if side:
-        return f"the whole interval lies {side} -{margin:.2f} pp, C8's margin"
-    return f"the interval straddles -{margin:.2f} pp, C8's margin"
+    return {"interval": math.isfinite(low) and math.isfinite(high), "side": side, "value": margin}
 
 
 def stages(cfg: DictConfig):
     yield Stage(cfg, expand_grid(cfg), lambda spec: [PopulationProbe()])
 
 
-@experiment("activations", plot=plot, headlines=headlines, paragraphs=paragraphs, stages=stages)
+@experiment(NAME, plot=plot, headlines=headlines, paragraphs=paragraphs, stages=stages)
 def analyse(cfg: DictConfig) -> Path:
     specs = expand_grid(cfg)
     manifests = engine.manifests(specs)

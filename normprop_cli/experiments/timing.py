@@ -40,12 +40,14 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from normprop_cli import prose
 from normprop_cli.engine import expand_grid
 from normprop_cli.engine.runs import say, sweep_dir
 from normprop_cli.errors import UserError
 from normprop_cli.experiments import plots, tables
 from normprop_cli.experiments.base import experiment
 from normprop_cli.experiments.interleave import OBSERVER, train_in_rounds
+from normprop_cli.verdicts import rule
 from normprop_cli.verdicts.rounds import ROUND_COLUMNS, paired_ratio
 
 COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_seconds", "images_per_second",
@@ -53,6 +55,7 @@ COLUMNS = ["method", "device", "host", "runs", "epochs_timed", "median_epoch_sec
            "rounds_vs_none", "pooled_ratio_vs_batchnorm", "paper_seconds", "paper_ratio_vs_batchnorm"]  # fmt: skip
 SECONDS = "median_train_seconds"  # summary.csv: a run's median training seconds over its timed epochs
 SETTINGS = {"initial_lr": "train.lr", "batch_size": "train.batch_size"}
+NAME = "timing"  # the experiment, and so its claim in conf/claims.yaml
 
 
 def timed(epochs: pd.DataFrame, warmup: int) -> pd.DataFrame:
@@ -217,7 +220,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                     "quantity": "epoch time ratio NormProp / BatchNorm, paired by round: geometric mean over "
                     f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's median, over its timed rounds "
                     f"({int(r['rounds_vs_batchnorm'])} in all), of NormProp's / BatchNorm's seconds in the same "
-                    "round (the C6 verdict's ratio, its effect 1 - ratio)",
+                    f"round (the {claim_id()} verdict's ratio, its effect 1 - ratio)",
                     "reproduced": round(float(r["ratio_vs_batchnorm"]), 3),
                     "paper": f"{r['paper_ratio_vs_batchnorm']:.3f}{note}",
                 }
@@ -234,28 +237,30 @@ def headlines(cfg: DictConfig) -> list[dict]:
 
 
 def paragraphs(cfg: DictConfig) -> list[str]:
-    """How the methods were timed and paired, and why the ratio of the seconds above differs."""
+    """How the methods were timed and paired, and why the ratio of the seconds above differs
+    (templates/timing.md.j2)."""
+    facts = timing_facts(cfg)
+    return prose.render("timing", facts) if facts else []
+
+
+def claim_id() -> str:
+    """The id of the claim this experiment tests (conf/claims.yaml), found by its experiment."""
+    return next(c.id for c in rule.claims() if c.experiment == NAME)
+
+
+def timing_facts(cfg: DictConfig) -> dict:
+    """What the paragraph states: NormProp / BatchNorm paired by round (its seeds, the ratio and the
+    claim's effect 1 - ratio) and the ratio of the pooled medians; {} where no round paired the two."""
     table = read_table(cfg).set_index("method")
     if not {"normprop", "batchnorm"} <= set(table.index) or not table.loc["normprop", "seeds_vs_batchnorm"]:
-        return []  # no round with both methods' epochs of a complete run (e.g. every NormProp run diverged)
+        return {}  # no round with both methods' epochs of a complete run (e.g. every NormProp run diverged)
     r = table.loc["normprop"]
-    return [
-        "The methods' runs trained in rounds: for each seed, epoch r of every method's run, one after another "
-        "in an order shuffled per round, before any trained epoch r + 1 (rounds.csv records each round's "
-        "order), so that a slow spell of the machine falls on every method of a round alike. The epoch "
-        "time ratio NormProp / BatchNorm pairs the epochs round by round: per seed, the median over its "
-        "timed rounds (after the warm-up) of NormProp's training seconds over BatchNorm's in the same round, "
-        f"which no single disturbed round decides; over the {int(r['seeds_vs_batchnorm'])} seeds, the geometric "
-        "mean of those ratios, "
-        f"{float(r['ratio_vs_batchnorm']):.3f}. The verdict on C6 reads the same quantity (its effect is "
-        f"1 - ratio = {1.0 - float(r['ratio_vs_batchnorm']):.3f}, with a t interval over seeds on the log of "
-        "the per-seed ratios). The seconds per epoch above are medians of all runs' timed epochs pooled; "
-        f"their ratio, {float(r['pooled_ratio_vs_batchnorm']):.3f}, is not paired and is shown for "
-        "reference only."
-    ]
+    ratio = float(r["ratio_vs_batchnorm"])
+    return {"claim": claim_id(), "seeds": int(r["seeds_vs_batchnorm"]), "ratio": ratio, "effect": 1.0 - ratio,
+            "pooled": float(r["pooled_ratio_vs_batchnorm"])}  # fmt: skip
 
 
-@experiment("timing", plot=plot, headlines=headlines, paragraphs=paragraphs, alone=True)
+@experiment(NAME, plot=plot, headlines=headlines, paragraphs=paragraphs, alone=True)
 def run(cfg: DictConfig) -> Path:
     if OmegaConf.select(cfg, "launcher.name", default="none") != "none":
         raise UserError(

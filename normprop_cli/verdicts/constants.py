@@ -113,7 +113,9 @@ def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
             mean, low, high = t_interval(g["change"])
             notes.append(f"{label} {name}: {format_ci(mean, low, high)} pp over {len(g)} seeds")
     if not len(constants):
-        notes.append("no ablation runs (NormProp with ReLU's constants): part (b) is not measured, C8 has no interval")
+        notes.append(
+            f"no ablation runs (NormProp with ReLU's constants): part (b) is not measured, {claim.id} has no interval"
+        )
     counts = works["activation"].value_counts()
     notes.append("(a)'s worst activation: " + ", ".join(f"{a} for {plural(n, 'seed')}" for a, n in counts.items()))
     for name, g in paired_gaps(summary).groupby("activation", sort=False):  # against BatchNorm: context

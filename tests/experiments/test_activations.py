@@ -1,6 +1,7 @@
 """Section 4.6 (claim C8): NormProp and BatchNorm with ReLU, PReLU, tanh and sigmoid, each
 NormProp layer through its activation's own constants; the layers' statistics before and after training."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -8,10 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from normprop_cli import config
+from normprop_cli import config, prose
 from normprop_cli import verdicts as V
 from normprop_cli.experiments import activations
-from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
+from normprop_cli.verdicts import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, rule
 
 SMOKE = ["--preset", "smoke", "--quiet"]
 ACTS = ["relu", "prelu", "tanh", "sigmoid"]
@@ -89,6 +90,30 @@ def test_headlines_and_paragraphs_give_each_activations_numbers(results):
     np_relu = summary[(summary["method"] == "normprop") & (summary["activation"] == "relu")]
     margin = 0.2 * (100.0 - np_relu["final_test_acc"].mean())
     assert f"-{margin:.2f} pp, C8's margin" in texts[1]
+
+
+def test_the_paragraphs_state_the_facts_and_name_the_claim_conf_gives_the_experiment(results, monkeypatch):
+    """The sentences state activation_facts' numbers, change with them, and name the claim by the id that
+    conf/claims.yaml gives the activations experiment (renumbered there, the prose and headlines follow)."""
+    cfg = config.load("activations", preset="smoke", results_dir=str(results))
+    facts = activations.activation_facts(cfg)
+    texts = activations.paragraphs(cfg)
+    assert texts == prose.render("activations", facts) and facts["compared"]
+    assert all(f"{a['name']} {a['std_first']:.2f}" in texts[0] for a in facts["normprop"])
+    assert all(f"{g['name']} {g['normprop']:.2f} vs {g['batchnorm']:.2f}" in texts[1] for g in facts["gaps"])
+    assert f"-{facts['margin']['value']:.2f} pp, {facts['claim']}'s margin" in texts[1]
+    assert f"after {facts['epochs']} epochs" in texts[1]
+    assert "after 1234 epochs" in prose.render("activations", facts | {"epochs": 1234})[1]
+    assert "has no ablation runs here" in prose.render("activations", facts | {"constants": []})[1]
+    claim = activations.claim()
+    assert claim.experiment == "activations" and f"{claim.id} needs both" in texts[1]
+    monkeypatch.setattr(rule, "claims", lambda: (dataclasses.replace(claim, id="C42"),))
+    renamed = " ".join(activations.paragraphs(cfg))
+    assert "C42 does not test these" in renamed and f"{claim.id} " not in renamed
+    assert [r["quantity"][:7] for r in activations.headlines(cfg) if r["quantity"].startswith("C42")] == [
+        "C42 (a)",
+        "C42 (b)",
+    ]
 
 
 # ---- C8 on hand-made summaries: (a) NormProp's own change from ReLU, (b) its own constants vs ReLU's ----
@@ -175,3 +200,4 @@ def test_c8_without_ablation_runs_has_no_interval_and_without_results_is_not_mea
     write_summary(tmp_path, {"relu": 0.0, "prelu": 0.3, "tanh": -0.2, "sigmoid": -0.5})
     r = c8(tmp_path)
     assert math.isnan(r["ci_low"]) and r["verdict"] == INCONCLUSIVE and "no ablation runs" in r["note"]
+    assert f"{activations.claim().id} has no interval" in r["note"]  # the id conf/claims.yaml gives

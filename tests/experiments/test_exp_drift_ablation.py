@@ -1,6 +1,7 @@
 """The drift ablation: gamma and beta per layer (AffineProbe), the reading of each ablation against plain
 NormProp on fabricated CSVs, the presets' grids, and the whole path (sweep, probe, ablation) on the smoke preset."""
 
+import copy
 import itertools
 import math
 
@@ -11,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from normprop_cli import config, io, statistics
+from normprop_cli import config, io, prose, statistics
 from normprop_cli.engine.runs import sweep_dir
 from normprop_cli.engine.step import make_optimizer
 from normprop_cli.experiments import EXPERIMENTS, drift
 from normprop_cli.experiments.drift import AFFINE_COLUMNS, AffineProbe
 from normprop_cli.experiments.drift.ablation import kind_label, setting_kind
+from normprop_cli.experiments.drift.ablation_report import ablation_facts, ablation_paragraphs
 from normprop_cli.experiments.drift.tables import ablation_settings, main_rows
 from normprop_cli.experiments.lr_sweep import check_stepped
 from normprop_cli.nn import NIN
@@ -248,6 +250,33 @@ def test_an_ablation_without_which_the_inputs_leave_n01_further_is_ruled_out(tmp
     closing = next(t for t in texts if t.startswith("The drift is accounted for by"))
     ruled = closing.partition("Ruled out")[2].split("Not shown")[0]
     assert "correlated (not whitened) input (average |mean| 0.5" in ruled and "average std 0.5" in ruled
+
+
+def test_the_ablation_paragraphs_state_the_facts_and_follow_them(tmp_path):
+    """Each ablation's sentence states its facts' drift, its main setting's and their difference; a fact
+    changed changes the sentence, and the closing follows the facts' list of ablations that account."""
+    cfg = fabricated(tmp_path)
+    facts = ablation_facts(cfg)
+    texts = ablation_paragraphs(cfg)
+    assert prose.render("drift_ablation", facts) == texts[: len(prose.render("drift_ablation", facts))]
+    assert {a["label"] for a in facts["ablations"]} == {"NormProp without the Jacobian factor",
+                                                        "NormProp with gamma and beta frozen",
+                                                        "NormProp on ZCA-whitened input"}  # fmt: skip
+    for a in facts["ablations"]:
+        d = a["drift"]
+        sentence = next(t for t in texts if t.startswith(a["label"]))
+        assert f"final average drift {d['value']:.2f} against NormProp's {d['reference_value']:.2f}" in sentence
+        assert f"a difference of {d['diff']} (n = {a['seeds'][0]} and {a['seeds'][1]} seeds)" in sentence
+        assert all(f"{o['name']} {o['value']:.2f} against {o['reference_value']:.2f}" in sentence for o in a["others"])
+    changed = copy.deepcopy(facts)
+    changed["ablations"][0]["drift"] |= {"value": 12.345, "reading": "increases"}
+    changed["closing"]["named"] = []
+    again = prose.render("drift_ablation", changed)
+    assert "final average drift 12.35 against" in again[2] and ": it increases the drift;" in again[2]
+    assert sum(t.startswith("No ablation reduces the final average drift") for t in again) == 1
+    widths = prose.render("drift_ablation_affine", facts)
+    pair = facts["widths"]["pairs"][0]
+    assert f"is {pair['gaps'][0]:+.2f} at width 1 and {pair['gaps'][1]:+.2f} at width 0.25" in " ".join(widths)
 
 
 # ---- the whole path on the smoke preset ---------------------------------------------------------------

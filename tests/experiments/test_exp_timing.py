@@ -2,15 +2,17 @@
 shuffled rounds, and the ratios between methods paired by round. No assertion on the times
 themselves: only on how they are taken, read and related."""
 
+import dataclasses
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from normprop_cli import config
+from normprop_cli import config, prose
 from normprop_cli.experiments import interleave, timing
 from normprop_cli.verdicts import rounds as pairing
+from normprop_cli.verdicts import rule
 
 ARGS = ("--preset", "smoke", "--quiet", "--seeds", "2", "train.epochs=3")
 SETTINGS = ["normprop", "batchnorm", "none"]  # the grid's order
@@ -114,6 +116,25 @@ def test_headlines_put_the_ratio_beside_the_papers(results):
     assert any(r["paper"].startswith(f"{seconds.normprop} ({where}") for r in rows)
     assert sum(r["quantity"].startswith("ratio of the pooled medians") for r in rows) == 1
     assert "shuffled per round" in timing.paragraphs(cfg)[0]
+
+
+def test_the_paragraph_states_the_paired_ratio_its_effect_and_the_claims_id(results, monkeypatch):
+    """The paragraph's ratio is timing.csv's paired ratio, the effect 1 - that ratio, and the claim it names
+    is the one conf/claims.yaml gives the timing experiment: renumbered there, the prose follows."""
+    cfg = config.load("timing", preset="smoke", results_dir=str(results))
+    facts = timing.timing_facts(cfg)
+    r = pd.read_csv(results / "timing" / "synthetic" / "timing.csv").set_index("method").loc["normprop"]
+    assert facts["ratio"] == pytest.approx(r["ratio_vs_batchnorm"]) and facts["seeds"] == r["seeds_vs_batchnorm"]
+    (text,) = timing.paragraphs(cfg)
+    assert f"the geometric mean of those ratios, {r['ratio_vs_batchnorm']:.3f}." in text
+    assert f"1 - ratio = {1.0 - r['ratio_vs_batchnorm']:.3f}," in text
+    assert f"their ratio, {r['pooled_ratio_vs_batchnorm']:.3f}, is not paired" in text
+    assert prose.render("timing", facts | {"seeds": 17}) != [text]
+    claim = next(c for c in rule.claims() if c.experiment == "timing")
+    assert f"The verdict on {claim.id} reads" in text
+    monkeypatch.setattr(rule, "claims", lambda: (dataclasses.replace(claim, id="C42"),))
+    assert "The verdict on C42 reads" in timing.paragraphs(cfg)[0]
+    assert any("(the C42 verdict's ratio" in row["quantity"] for row in timing.headlines(cfg))
 
 
 def test_a_launcher_is_refused(cli):

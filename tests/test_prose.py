@@ -1,6 +1,7 @@
 """The report's sentence renderer (normprop_cli/prose.py) and its templates: words in the templates,
 numbers from each section's table of facts, no claim id written into a sentence."""
 
+import ast
 import re
 import textwrap
 from pathlib import Path
@@ -73,3 +74,42 @@ def test_every_template_is_rendered_by_the_package(path):
     name = path.name.removesuffix(".md.j2")
     code = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     assert f'"{name}"' in code, f"no module renders {path.name}"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+
+
+def claim_ids_in_prose(source: str) -> list[str]:
+    """The strings of a module's code (docstrings aside) that write a claim id into words."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and " " in node.value.strip()
+        and CLAIM_ID.search(node.value)
+    ]
+
+
+def test_no_sentence_of_the_package_spells_a_claim_id():
+    """A sentence takes its claim's id from conf/claims.yaml, so renumbering the claims renumbers the report."""
+    found = {
+        path.relative_to(PACKAGE).as_posix(): hits
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (hits := claim_ids_in_prose(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_the_claim_id_scan_sees_an_f_string_and_spares_a_docstring_and_a_lookup():
+    source = 'def f(c):\n    """C8\'s measure."""\n    x = claims["C8"]\n    return f"{c} fails C8 here"\n'
+    assert claim_ids_in_prose(source) == [" fails C8 here"]

@@ -174,6 +174,16 @@ def margins_text() -> str:
     return "; ".join(parts)
 
 
+def _final_test() -> str:
+    """The claims whose metric is a final test accuracy or error, which the best-validation check re-reads."""
+    return ", ".join(c.id for c in claims() if "final test" in c.metric)
+
+
+def _of(experiment: str) -> str:
+    """The id of the claim that `experiment` measures."""
+    return next(c.id for c in claims() if c.experiment == experiment)
+
+
 def rule_text() -> str:
     """The methods paragraph of REPORT.md: the rule, once, with each claim's kind and margin."""
     return " ".join(
@@ -201,10 +211,10 @@ def rule_text() -> str:
             "superiority claim the threshold; as a fraction of the baseline's error where the margin is "
             "relative); how many of the leave-one-seed-out subsets, each judged by this whole rule (halves "
             "included), reach another verdict than the one shown; the verdict with each run's test metric at its "
-            "best-validation epoch instead of its last (for the claims on a final test metric: C1, C4, C5, C8); "
+            f"best-validation epoch instead of its last (for the claims on a final test metric: {_final_test()}); "
             "and the verdict, by this whole rule, at every epoch of the last quarter (epochs E − ⌈E/4⌉ to E of "
-            "the E the claim reads; C3: its early window, C6: its rounds), *settled* only where it is the same "
-            "verdict at each.",
+            f"the E the claim reads; {_of('convergence')}: its early window, {_of('timing')}: its rounds), "
+            "*settled* only where it is the same verdict at each.",
         ]
     )
 

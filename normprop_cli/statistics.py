@@ -1,9 +1,9 @@
 """The package's statistics, below the experiments and the verdicts: one `LEVEL`, one t interval
-(`t_interval`, scipy's one-sample t; `paired_interval` is it on paired differences) for the verdicts'
-per-seed effects, `mean_ci` (the experiments' tables' row of a t interval, see its note) for quantities
-that are not proportions (seconds, drift, differences in pp), `proportion_ci`, which stays inside
-[0, 100] for accuracies and errors in %, `welch`, the difference of two groups of independent seeds;
-how they are written ("88.10 [86.93, 89.27]"), and markdown tables."""
+(`t_interval`, scipy's one-sample t; `paired_interval` is it on paired differences, `mean_ci` is it as
+a table's row: n, mean, sd, ci_low, ci_high) for the verdicts' per-seed effects and for the experiments'
+quantities that are not proportions (seconds, drift, differences in pp), `proportion_ci`, which stays
+inside [0, 100] for accuracies and errors in %, `welch`, the difference of two groups of independent
+seeds; how they are written ("88.10 [86.93, 89.27]"), and markdown tables."""
 
 from __future__ import annotations
 
@@ -46,24 +46,14 @@ def paired_interval(x, y, level: float = LEVEL) -> tuple[float, float, float]:
 
 
 def mean_ci(values: Iterable[float], level: float = LEVEL) -> dict:
-    """n, mean, sample sd and the Student-t interval mean -/+ t((1+level)/2, n-1) sd / sqrt(n), for
-    quantities that are not proportions (seconds, drift, differences of accuracies in pp) in the
-    experiments' CSVs and report. Non-finite values (a diverged run) are left out; with n = 1 there
-    is no interval (NaN). stdtrit(df, p) is scipy.stats.t.ppf(p, df) without importing scipy.stats
-    (seconds).
-
-    In exact arithmetic this is t_interval; in floating point its ends differ from scipy's in the
-    last bits (scipy takes sqrt(var / n) with its own variance, and its lower end from the lower
-    quantile), so it keeps its own arithmetic: the numbers the CSVs and tables already hold stay
-    as written."""
-    from scipy.special import stdtrit
-
+    """t_interval as a row of the experiments' tables, for quantities that are not proportions (seconds,
+    drift, differences of accuracies in pp): n, mean, sample sd, ci_low and ci_high. The same numbers
+    as t_interval's, so a quantity in a table and in a verdict has one interval. Non-finite values (a
+    diverged run) are left out; with n = 1 there is no interval (NaN)."""
     x = _finite(values)
-    n = len(x)
-    mean = float(x.mean()) if n else math.nan
-    sd = float(x.std(ddof=1)) if n > 1 else math.nan
-    half = float(stdtrit(n - 1, 0.5 + level / 2) * sd / math.sqrt(n)) if n > 1 else math.nan
-    return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half}
+    mean, low, high = t_interval(x, level)
+    sd = float(x.std(ddof=1)) if len(x) > 1 else math.nan
+    return {"n": len(x), "mean": mean, "sd": sd, "ci_low": low, "ci_high": high}
 
 
 class Difference(NamedTuple):

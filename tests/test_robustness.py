@@ -12,7 +12,7 @@ import pytest
 from normprop_cli import verdicts as V
 from normprop_cli.statistics import sd_ratio_interval
 from normprop_cli.verdicts import rule
-from normprop_cli.verdicts.readings import at_best_validation, at_epoch, read
+from normprop_cli.verdicts.readings import View, read
 from normprop_cli.verdicts.robustness import (
     NOT_APPLICABLE,
     best_validation_verdict,
@@ -106,21 +106,22 @@ def test_stability_judges_the_claim_at_every_epoch_of_the_last_quarter(tmp_path)
     pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
     claim = V.Claim("CX", "a claim", "here", "exp", rule.SUPERIORITY, 0.0, "pp", "")
 
-    def measure() -> V.Measurement:
-        s = read(tmp_path / "summary.csv", ["run", "arm", "seed", "final_test_acc"])
+    def measure(view: View | None = None) -> V.Measurement:
+        s = read(tmp_path / "summary.csv", ["run", "arm", "seed", "final_test_acc"], view)
         wide = s.pivot(index="seed", columns="arm", values="final_test_acc")
         table = pd.DataFrame({"seed": wide.index, "normprop": wide["np"].values, "baseline": wide["bn"].values})
         return V.Measurement(table, V.one_sample(+1), "t")
 
     judge = lambda m: V.judge(claim, m)  # noqa: E731
     assert judge(measure())["verdict"] == rule.REPRODUCED  # at epoch 8
-    with at_epoch(7):
-        assert read(tmp_path / "summary.csv", ["final_test_acc"])["final_test_acc"].tolist()[:2] == [86.0, 90.0]
+    at_7 = read(tmp_path / "summary.csv", ["final_test_acc"], View(epoch=7))
+    assert at_7["final_test_acc"].tolist()[:2] == [86.0, 90.0]
+    assert read(tmp_path / "summary.csv", ["final_test_acc"])["final_test_acc"].tolist()[:2] == [95.0, 90.0]
     verdicts = last_quarter(measure, judge)
     assert verdicts == {6: rule.NOT_REPRODUCED, 7: rule.NOT_REPRODUCED, 8: rule.REPRODUCED}
     row = robustness(claim, measure(), judge(measure()), measure, judge)
     assert row["settled"] is False and row["last_quarter"] == "6: not reproduced; 7: not reproduced; 8: reproduced"
-    assert last_quarter(lambda: V.Measurement(pd.DataFrame({"seed": [0]}), V.one_sample(+1), "t"), judge) == {}
+    assert last_quarter(lambda view: V.Measurement(pd.DataFrame({"seed": [0]}), V.one_sample(+1), "t"), judge) == {}
 
 
 def test_the_best_validation_verdict_reads_each_runs_best_validation_test_metric(tmp_path):
@@ -135,22 +136,22 @@ def test_the_best_validation_verdict_reads_each_runs_best_validation_test_metric
     path = tmp_path / "summary.csv"
     summary.to_csv(path, index=False)
     assert read(path, ["final_test_error"])["final_test_error"].tolist() == [10.0, 11.0, 12.0, 13.0]
-    with at_best_validation() as used:
-        frame = read(path, ["final_test_error"])
-    assert frame["final_test_error"].tolist() == [20.0, 21.0, 22.0, 23.0] and used == [path]
-    with at_best_validation() as used:
-        read(path, ["seed"])  # no final test metric asked for: nothing replaced
-    assert not used
+    best = View(best_validation=True)
+    frame = read(path, ["final_test_error"], best)
+    assert frame["final_test_error"].tolist() == [20.0, 21.0, 22.0, 23.0] and best.replaced == [path]
+    best = View(best_validation=True)
+    read(path, ["seed"], best)  # no final test metric asked for: nothing replaced
+    assert not best.replaced
 
-    def measure() -> V.Measurement:
-        errors = read(path, ["seed", "final_test_error"])
+    def measure(view: View | None = None) -> V.Measurement:
+        errors = read(path, ["seed", "final_test_error"], view)
         table = pd.DataFrame({"seed": errors["seed"], "normprop": errors["final_test_error"], "baseline": 15.0})
         return V.Measurement(table, V.one_sample(-1), "t")
 
     judge = lambda m: {"verdict": "worse" if m.table["normprop"].mean() > 15 else "better"}  # noqa: E731
     assert judge(measure())["verdict"] == "better"
     assert best_validation_verdict(measure, judge) == "worse"
-    untouched = lambda: V.Measurement(pd.DataFrame({"seed": [0]}), V.one_sample(+1), "t")  # noqa: E731
+    untouched = lambda view: V.Measurement(pd.DataFrame({"seed": [0]}), V.one_sample(+1), "t")  # noqa: E731
     assert best_validation_verdict(untouched, judge) == NOT_APPLICABLE
 
 

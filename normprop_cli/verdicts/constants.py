@@ -26,7 +26,15 @@ import pandas as pd
 
 from normprop_cli.statistics import format_ci, t_interval
 from normprop_cli.verdicts.gaps import ACCURACY, REFERENCE, paired_gaps
-from normprop_cli.verdicts.readings import Measurement, NotMeasured, diverged_note, finished, learned_note, read
+from normprop_cli.verdicts.readings import (
+    Measurement,
+    NotMeasured,
+    View,
+    diverged_note,
+    finished,
+    learned_note,
+    read,
+)
 from normprop_cli.verdicts.rule import Claim, Estimate, absolute_margin
 from normprop_cli.verdicts.sources import plural
 
@@ -85,8 +93,8 @@ def both_parts(margin: float):
     return estimate
 
 
-def c8_activations(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    summary = read(sweep / "summary.csv", ["method", "activation", "seed", ACCURACY])
+def c8_activations(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
+    summary = read(sweep / "summary.csv", ["method", "activation", "seed", ACCURACY], view)
     wide = normprop_accuracy(summary)
     works, constants = worst(own_changes(wide)), worst(constants_gains(wide))
     if not len(works):

@@ -1,6 +1,7 @@
 """Each claim's measurement: its per-seed table read from the experiment's CSVs, the estimate that
 turns the table into an effect with an interval, the test's name and the notes of its row (MEASURES,
-by claim id). A CSV or column that is not there raises NotMeasured."""
+by claim id). Each reads its CSVs in the View it is given (None: as written; verdicts/robustness.py asks
+for the others). A CSV or column that is not there raises NotMeasured."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from normprop_cli.verdicts.gaps import effect_series, epoch_note
 from normprop_cli.verdicts.readings import (  # noqa: F401 (NotMeasured, Measurement: this module's API)
     Measurement,
     NotMeasured,
+    View,
     diverged_note,
     error_of,
     finished,
@@ -42,8 +44,8 @@ from normprop_cli.verdicts.sources import paper_protocol, plural
 EARLY_EPOCHS = 3  # C3's window when the run's config has no experiment.early_epochs (>= 3)
 
 
-def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    summary = read(sweep / "summary.csv", ["seed", "data_norm", "batch_size", "final_test_acc"])
+def c1_data_norm(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
+    summary = read(sweep / "summary.csv", ["seed", "data_norm", "batch_size", "final_test_acc"], view)
     runs = finished(summary, "final_test_acc")
     table = per_seed(runs, "final_test_acc", "data_norm", "global", "batch", within="batch_size")
     reference = error_of(runs[(runs["data_norm"] == "batch") & runs["seed"].isin(table["seed"])])
@@ -64,12 +66,12 @@ def c1_data_norm(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )
 
 
-def c2_covariate_shift(claim: Claim, sweep: Path, prov: dict) -> Measurement:
+def c2_covariate_shift(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
     """Per run, each hidden unit's max(|mean|, |std - 1|) in the N(0, 1) units the paper aims at
     (probes.PopulationProbe's avg_deviation), averaged over layers at the final epoch; paired by
     seed, BatchNorm minus NormProp. The epoch-to-epoch shift, the drift from initialisation (in each
     unit's initial std) and the paper's probed-unit metric are notes beside it."""
-    population = read(sweep / "population.csv", ["run", "method", "seed", "layer", "epoch", "avg_deviation"])
+    population = read(sweep / "population.csv", ["run", "method", "seed", "layer", "epoch", "avg_deviation"], view)
     notes = []
     summary = sweep / "summary.csv"
     if summary.exists():
@@ -137,9 +139,9 @@ def logit_error(accuracy: pd.Series) -> pd.Series:
     return np.log(e / (1.0 - e))
 
 
-def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
+def c3_convergence(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
     summary = summary_of(sweep)  # a diverged run's epochs are counted apart, as every claim counts it
-    epochs = without_diverged(read(sweep / "epochs.csv", ["method", "seed", "epoch", "test_acc"]), summary)
+    epochs = without_diverged(read(sweep / "epochs.csv", ["method", "seed", "epoch", "test_acc"], view), summary)
     wanted = early_epochs(prov)
     window = min(wanted, int(epochs["epoch"].max())) if len(epochs) else wanted
     methods = epochs["method"].isin(["normprop", "batchnorm"])
@@ -162,13 +164,13 @@ def c3_convergence(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     return Measurement(table, spread_ratio, test, {"window": f"1-{window}"}, notes, last_epoch=window)
 
 
-def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
+def c4_batch_size(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
     """NormProp at batch 1 minus at the largest batch size, paired by seed, at equal epochs (the paper's
     axis: each batch 1 run with the most updates). Where a batch-1 setting trains with as many updates
     as the largest batch (train.max_steps), the same difference at equal updates is a note, with its
     interval at the claim's level."""
     columns = ["method", "setting", "batch_size", "seed", "final_test_acc", "updates"]
-    summary = read(sweep / "summary.csv", columns)
+    summary = read(sweep / "summary.csv", columns, view)
     normprop = summary[summary["method"] == "normprop"]
     runs = finished(normprop, "final_test_acc")
     sizes = sorted(int(b) for b in runs["batch_size"].unique())
@@ -204,8 +206,8 @@ def c4_batch_size(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )
 
 
-def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    summary = read(sweep / "summary.csv", ["method", "augment", "seed", "final_test_error"])
+def c5_table1(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
+    summary = read(sweep / "summary.csv", ["method", "augment", "seed", "final_test_error"], view)
     runs = finished(summary, "final_test_error")
     table = per_seed(runs, "final_test_error", "method", "normprop", "batchnorm", within="augment")
     reference = float(table["baseline"].mean())
@@ -223,12 +225,12 @@ def c5_table1(claim: Claim, sweep: Path, prov: dict) -> Measurement:
     )
 
 
-def c6_timing(claim: Claim, sweep: Path, prov: dict) -> Measurement:
+def c6_timing(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
     from normprop_cli.verdicts import rounds  # the pairing of epochs timed in the same round
 
-    summary = read(sweep / "summary.csv", ["run", "method", "seed", "median_train_seconds", "device"])
+    summary = read(sweep / "summary.csv", ["run", "method", "seed", "median_train_seconds", "device"], view)
     runs = finished(summary, "median_train_seconds")
-    timed = read(sweep / "rounds.csv", rounds.ROUND_COLUMNS)
+    timed = read(sweep / "rounds.csv", rounds.ROUND_COLUMNS, view)
     table = rounds.paired_seconds(timed, "normprop", "batchnorm", runs["run"])
     if not len(table):
         raise NotMeasured("rounds.csv pairs no complete NormProp and BatchNorm runs' epochs in a timed round")
@@ -253,8 +255,9 @@ def deviations(propagation: pd.DataFrame, jacobian: str, method: str = "normprop
     return p.assign(deviation=worst).groupby("seed", as_index=False)["deviation"].max()
 
 
-def c7_theory(claim: Claim, sweep: Path, prov: dict) -> Measurement:
-    propagation = read(sweep / "propagation.csv", ["net", "method", "jacobian", "layer", "quantity", "mean", "std"])
+def c7_theory(claim: Claim, sweep: Path, prov: dict, view: View | None = None) -> Measurement:
+    columns = ["net", "method", "jacobian", "layer", "quantity", "mean", "std"]
+    propagation = read(sweep / "propagation.csv", columns, view)
     if "seed" not in propagation:
         propagation = propagation.assign(seed=0)  # written before the seed column: one seed
     theory = config.load("theory")

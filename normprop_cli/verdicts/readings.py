@@ -1,15 +1,13 @@
 """What every claim's measurement is made of: Measurement (a per-seed table and the estimate that
 turns it into an effect with an interval), the CSV reader that raises NotMeasured, and the helpers
-that pick the runs a claim counts. `at_best_validation()` makes read() take each run's test metric at
-its best-validation epoch in place of its final one, and `at_epoch(e)` makes it read the results as they
-stood after epoch e (the robustness checks of verdicts/robustness.py)."""
+that pick the runs a claim counts. A View tells read() which reading of the results to give: as
+written, with each run's test metric at its best-validation epoch in place of its final one, or as
+they stood after an epoch (the robustness checks of verdicts/robustness.py); the caller names it."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,46 +18,29 @@ from normprop_cli.outcomes import NEAR_CHANCE, diverged, learned_flags
 from normprop_cli.verdicts.rule import Estimate
 
 FINAL = {"final_test_error": "error", "final_test_acc": "acc"}  # summary.csv's final test metrics
-_BEST_VALIDATION: ContextVar[list | None] = ContextVar("best_validation", default=None)
-_AT_EPOCH: ContextVar[int | None] = ContextVar("at_epoch", default=None)
-_EPOCHS_SEEN: ContextVar[list | None] = ContextVar("epochs_seen", default=None)
 
 
-@contextmanager
-def at_best_validation() -> Iterator[list[Path]]:
-    """Within it, read() replaces a summary's final test metrics (FINAL) by the test metric at each run's
-    best-validation epoch (best_val_test_error); the list it yields names the CSVs where it did so
-    (empty: the claim reads no final test metric, and the check does not apply)."""
-    used: list[Path] = []
-    token = _BEST_VALIDATION.set(used)
-    try:
-        yield used
-    finally:
-        _BEST_VALIDATION.reset(token)
+@dataclass(frozen=True)
+class View:
+    """Which reading of a sweep's CSVs read() gives; View() is the results as written.
 
+    - `best_validation`: a summary's final test metrics (FINAL) become the test metric at each run's
+      best-validation epoch (best_val_test_error); read() appends each CSV where it did so to `replaced`
+      (left empty: the claim reads no final test metric, and the check does not apply).
+    - `epoch`: the results as they stood after it: a summary's final test metrics become each run's test
+      metric at its last epoch <= `epoch` (its runs/<run>/metrics.csv), and a table of epochs or rounds
+      (an `epoch` or `round` column) keeps those <= `epoch`.
+    - `note_epochs`: read() appends to `last_epochs` the last epoch (or round) of every table it reads
+      that has one (for a summary's final test metrics, its runs' metrics.csv): where the last quarter
+      the stability check judges ends.
 
-@contextmanager
-def at_epoch(epoch: int) -> Iterator[None]:
-    """Within it, read() gives the results as they stood after `epoch`: a summary's final test metrics
-    (FINAL) become each run's test metric at its last epoch <= `epoch` (its runs/<run>/metrics.csv),
-    and a table of epochs or rounds (an `epoch` or `round` column) keeps those <= `epoch`. The
-    stability check of verdicts/robustness.py judges the claim so at each epoch of the last quarter."""
-    token = _AT_EPOCH.set(int(epoch))
-    try:
-        yield
-    finally:
-        _AT_EPOCH.reset(token)
+    The two lists are what the reads found, filled in by read(); a View is made for one measurement."""
 
-
-@contextmanager
-def epochs_seen() -> Iterator[list[int]]:
-    """Within it, read() notes the last epoch (or round) of every table it reads that has one."""
-    seen: list[int] = []
-    token = _EPOCHS_SEEN.set(seen)
-    try:
-        yield seen
-    finally:
-        _EPOCHS_SEEN.reset(token)
+    epoch: int | None = None
+    best_validation: bool = False
+    note_epochs: bool = False
+    replaced: list[Path] = field(default_factory=list, compare=False)
+    last_epochs: list[int] = field(default_factory=list, compare=False)
 
 
 def _metrics(path: Path, run) -> pd.DataFrame | None:
@@ -75,15 +56,27 @@ def _test_acc_at(path: Path, run, epoch: int) -> float:
     return float(m["test_acc"].iloc[-1]) if len(m) else math.nan
 
 
-def _epoch_view(path: Path, frame: pd.DataFrame, columns) -> pd.DataFrame:
-    """at_epoch and epochs_seen's part of read()."""
-    epoch, seen = _AT_EPOCH.get(), _EPOCHS_SEEN.get()
+def _best_validation(path: Path, frame: pd.DataFrame, columns, view: View) -> pd.DataFrame:
+    """View.best_validation's part of read()."""
+    wanted = [c for c in FINAL if c in columns and c in frame]
+    if not (view.best_validation and wanted and "best_val_test_error" in frame):
+        return frame
+    best = pd.to_numeric(frame["best_val_test_error"], errors="coerce")
+    view.replaced.append(path)
+    return frame.assign(**{c: best if FINAL[c] == "error" else 100.0 - best for c in wanted})
+
+
+def _epoch_view(path: Path, frame: pd.DataFrame, columns, view: View) -> pd.DataFrame:
+    """View.epoch and View.note_epochs's part of read()."""
     finals = [c for c in FINAL if c in columns and c in frame]
-    if seen is not None:
+    if view.note_epochs:
         if finals and "run" in frame:
             last = [m["epoch"].max() for run in frame["run"] if (m := _metrics(path, run)) is not None and len(m)]
-            seen += [int(max(last))] if last else []
-        seen += [int(pd.to_numeric(frame[c]).max()) for c in ("epoch", "round") if c in frame and len(frame)]
+            view.last_epochs.extend([int(max(last))] if last else [])
+        view.last_epochs.extend(
+            int(pd.to_numeric(frame[c]).max()) for c in ("epoch", "round") if c in frame and len(frame)
+        )
+    epoch = view.epoch
     if epoch is None:
         return frame
     if finals and "run" in frame:
@@ -119,18 +112,14 @@ class Measurement:
     last_epoch: int | None = None
 
 
-def read(path: Path, columns) -> pd.DataFrame:
-    """A CSV with the columns the claim needs, else NotMeasured naming what is missing."""
+def read(path: Path, columns, view: View | None = None) -> pd.DataFrame:
+    """A CSV with the columns the claim needs, in the reading `view` names (None: as written), else
+    NotMeasured naming what is missing."""
     if not path.exists():
         raise NotMeasured(f"no {path.name}")
-    frame = pd.read_csv(path)
-    used = _BEST_VALIDATION.get()
-    wanted = [c for c in FINAL if c in columns and c in frame]
-    if used is not None and wanted and "best_val_test_error" in frame:
-        best = pd.to_numeric(frame["best_val_test_error"], errors="coerce")
-        frame = frame.assign(**{c: best if FINAL[c] == "error" else 100.0 - best for c in wanted})
-        used.append(path)
-    frame = _epoch_view(path, frame, columns)
+    view = view or View()
+    frame = _best_validation(path, pd.read_csv(path), columns, view)
+    frame = _epoch_view(path, frame, columns, view)
     if lacking := [c for c in columns if c not in frame.columns]:
         raise NotMeasured(f"{path.name} has no column(s) {', '.join(lacking)}: rerun the experiment")
     if not len(frame):  # e.g. epochs.csv of runs that all diverged in their first epoch

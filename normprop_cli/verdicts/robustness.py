@@ -25,11 +25,12 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from normprop_cli.verdicts.readings import Measurement, NotMeasured, at_best_validation, at_epoch, epochs_seen
+from normprop_cli.verdicts.readings import Measurement, NotMeasured, View
 from normprop_cli.verdicts.rule import EQUIVALENCE, NON_INFERIORITY, SUPERIORITY, Claim
 
 COLUMNS = ["break_even", "break_even_fraction", "loso_flips", "verdict_best_val", "last_quarter", "settled"]
 NOT_APPLICABLE = "not applicable"
+Measure = Callable[[View], Measurement]  # a claim's measurement of its sweep, read in the View it is given
 
 
 def break_even(kind: str, ci_low: float, ci_high: float, margin: float) -> float:
@@ -65,41 +66,41 @@ def quarter(last: int) -> list[int]:
     return list(range(max(1, last - math.ceil(last / 4)), last + 1))
 
 
-def last_quarter(measure: Callable[[], Measurement], judge: Callable[[Measurement], dict]) -> dict[int, str]:
+def last_quarter(measure: Measure, judge: Callable[[Measurement], dict]) -> dict[int, str]:
     """{epoch: the verdict as the results stood after it} for every epoch of the last quarter; {} where
     the claim reads no epochs, or a reading cannot be measured."""
+    seen = View(note_epochs=True)
     try:
-        with epochs_seen() as seen:
-            m = measure()
+        m = measure(seen)
     except NotMeasured:
         return {}
-    last = m.last_epoch or (max(seen) if seen else None)
+    last = m.last_epoch or (max(seen.last_epochs) if seen.last_epochs else None)
     if not last:
         return {}
     verdicts = {}
     for epoch in quarter(int(last)):
         try:
-            with at_epoch(epoch):
-                verdicts[epoch] = judge(measure())["verdict"]
+            verdicts[epoch] = judge(measure(View(epoch=epoch)))["verdict"]
         except NotMeasured:
             verdicts[epoch] = "not measured"
     return verdicts
 
 
-def best_validation_verdict(measure: Callable[[], Measurement], judge: Callable[[Measurement], dict]) -> str:
-    """The verdict of `measure()` read at each run's best-validation epoch; NOT_APPLICABLE where the
+def best_validation_verdict(measure: Measure, judge: Callable[[Measurement], dict]) -> str:
+    """The verdict of the measurement read at each run's best-validation epoch; NOT_APPLICABLE where the
     claim reads no final test metric, or where the runs do not record the best-validation one."""
+    best = View(best_validation=True)
     try:
-        with at_best_validation() as used:
-            m = measure()
+        m = measure(best)
     except NotMeasured:
         return NOT_APPLICABLE
-    return judge(m)["verdict"] if used else NOT_APPLICABLE
+    return judge(m)["verdict"] if best.replaced else NOT_APPLICABLE
 
 
-def robustness(claim: Claim, m: Measurement, judged: dict, measure: Callable[[], Measurement],
+def robustness(claim: Claim, m: Measurement, judged: dict, measure: Measure,
                judge: Callable[[Measurement], dict]) -> dict:  # fmt: skip
-    """The COLUMNS of one verdict row; `judge` is the whole rule on a measurement (tabulate.judge)."""
+    """The COLUMNS of one verdict row; `m` is `measure`'s reading of the results as written, `judge` the
+    whole rule on a measurement (tabulate.judge)."""
     margin, low, high = judged["margin"], judged["ci_low"], judged["ci_high"]
     point = break_even(claim.kind, low, high, margin)
     fraction = point / m.reference if claim.relative_to and math.isfinite(m.reference) and m.reference else math.nan

@@ -125,7 +125,7 @@ def rows_of(claim: Claim, results: Path, preset: str) -> list[dict]:
         if gone and not judged["n_seeds"]:
             rows.append(row | diverged_row(gone, prov))
             continue
-        measure = lambda c=claim, s=sweep, p=prov: MEASURES[c.id](c, s, p)  # noqa: E731
+        measure = lambda view, c=claim, s=sweep, p=prov: MEASURES[c.id](c, s, p, view)  # noqa: E731
         judged |= robustness(claim, m, judged, measure, lambda mm, c=claim: judge(c, mm))
         rows.append(row | {"metric": claim.metric.format(**m.metric)} | judged | {"note": "; ".join(notes)})
     return rows

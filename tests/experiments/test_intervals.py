@@ -53,12 +53,14 @@ def test_far_from_the_bounds_it_is_close_to_the_t_interval():
     assert logit["ci_high"] == pytest.approx(t["ci_high"], abs=0.01)
 
 
-def test_the_verdicts_t_intervals_are_scipys_to_the_last_bit():
+def test_the_t_intervals_of_the_verdicts_and_the_tables_are_scipys_to_the_last_bit():
     rng = np.random.default_rng(0)
     for n in (2, 3, 5, 10):
         x, y = rng.normal(1.0, 3.0, n), rng.normal(0.0, 3.0, n)
         one, rel = stats.ttest_1samp(x, 0.0).confidence_interval(0.95), stats.ttest_rel(x, y).confidence_interval(0.9)
         assert statistics.t_interval(x) == (float(x.mean()), float(one.low), float(one.high))
+        row = statistics.mean_ci(x, 0.9)  # a table's row: the same interval as a verdict's
+        assert (row["mean"], row["ci_low"], row["ci_high"]) == statistics.t_interval(x, 0.9) and row["n"] == n
         assert statistics.paired_interval(x, y, 0.9) == (float((x - y).mean()), float(rel.low), float(rel.high))
     mean, low, high = statistics.paired_interval([1.0, math.nan, 3.0], [0.0, 1.0, 1.0])
     assert math.isnan(mean) and math.isnan(low) and math.isnan(high)  # a pair is never dropped

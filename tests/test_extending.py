@@ -1,14 +1,19 @@
 """Extending normprop as the docstrings say: a normaliser is one `register_method` call (nn.methods),
-an experiment one module with `@experiment` (experiments.base) plus its YAML; nothing else changes."""
+an experiment one module with `@experiment` (experiments.base) plus its YAML, a data set one
+`register_dataset` call (data.base) plus its YAML; nothing else changes."""
 
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from torch import nn
 
 from normprop_cli import config
+from normprop_cli.data import available_datasets, load_dataset
+from normprop_cli.data.base import DATASETS, FULL_SIZES, PRESENT, Split, SplitSizes, make_dataset, register_dataset
+from normprop_cli.data.sizes import split_sizes
 from normprop_cli.experiments import EXPERIMENTS, experiment
 from normprop_cli.nn.methods import METHODS, NORMS, register_method
 from normprop_cli.nn.normalizers import activation_module, glorot_conv
@@ -108,3 +113,40 @@ def test_the_readmes_normaliser_recipe_builds_a_nin():
     finally:
         METHODS.pop("instancenorm", None)
         NORMS.pop("instancenorm", None)
+
+
+@pytest.fixture
+def toy_data(tmp_path, monkeypatch):
+    """A data set made in memory, declared with its sizes, and its YAML in a copy of conf/."""
+
+    def load_toy(data_dir=None, download=False, split_seed=0, sizes=(40, 10, 10)):
+        g = torch.Generator().manual_seed(split_seed)
+
+        def split(n):
+            return Split(torch.randint(0, 256, (n, 1, 32, 32), dtype=torch.uint8, generator=g), torch.arange(n) % 2)
+
+        return make_dataset("toy-data", *(split(n) for n in sizes), 2, split_seed)
+
+    register_dataset("toy-data", load_toy, sizes=lambda: SplitSizes(40, 10, 10, (1, 32, 32)))
+    conf = tmp_path / "conf"
+    shutil.copytree(config.conf_dir(), conf)
+    (conf / "dataset" / "toy-data.yaml").write_text(
+        "# A toy data set: the registry's recipe, tried.\nname: toy-data\nsplit_seed: 0\nlimit: null\n"
+        "train_limit: null\nnum_classes: 2\naugment: flip\n"
+    )
+    monkeypatch.setattr(config, "conf_dir", lambda: conf)
+    yield "toy-data"
+    for registry in (DATASETS, FULL_SIZES, PRESENT):
+        registry.pop("toy-data", None)
+
+
+def test_a_data_set_registered_in_a_test_loads_as_its_sizes_say_and_the_plan_reads_them(toy_data):
+    from normprop_cli.engine import cost
+
+    for limit, train_limit in ((None, None), (8, None), (None, 12)):
+        ds = load_dataset(toy_data, limit=limit, train_limit=train_limit)
+        loaded = (len(ds.train), len(ds.val), len(ds.test), tuple(ds.train.x.shape[1:]))
+        assert split_sizes(toy_data, limit, train_limit) == loaded
+    assert available_datasets()[toy_data]  # made in memory: nothing to fetch
+    cfg = config.load("table1", preset="smoke", dataset=toy_data)  # its YAML composes with any experiment
+    assert cost.sizes(cfg) == split_sizes(toy_data, cfg.dataset.limit, cfg.dataset.train_limit)

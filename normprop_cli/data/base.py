@@ -1,5 +1,5 @@
-"""What every data set loader shares: the Dataset and Split types, the files each expects on disk with the
-one-line errors about them, and the seeded splitting helpers.
+"""What every data set loader shares: the Dataset and Split types, the registry (`register_dataset`), the files
+each expects on disk with the one-line errors about them, and the seeded splitting helpers.
 
 Splits are drawn with CPU `torch.Generator`s seeded with `split_seed`, so they are the same on every
 machine and device; `Dataset.info` records the rule.
@@ -8,9 +8,11 @@ machine and device; `Dataset.info` records the rule.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -61,6 +63,55 @@ class Dataset:
     def to(self, device, non_blocking: bool = False) -> Dataset:
         moved = {s: getattr(self, s).to(device, non_blocking) for s in ("train", "val", "test")}
         return replace(self, **moved)
+
+
+class SplitSizes(NamedTuple):
+    """A data set's split sizes and image shape as its loader gives them, known without loading it."""
+
+    train: int
+    val: int
+    test: int
+    shape: tuple[int, int, int]  # one image: channels, height, width
+
+    @property
+    def shape_text(self) -> str:
+        return "x".join(map(str, self.shape))
+
+
+# ---------------------------------------------------------------------------
+# the registry: each data set declared beside its loader, in its own module
+
+DATASETS: dict[str, Callable[..., Dataset]] = {}  # name -> loader, in the order the modules declare them
+FULL_SIZES: dict[str, Callable[[], SplitSizes]] = {}  # name -> its whole splits' sizes (data.sizes)
+PRESENT: dict[str, Callable[[object], bool]] = {}  # name -> whether its files are under data_dir
+
+
+def register_dataset(
+    name: str,
+    loader: Callable[..., Dataset],
+    sizes: Callable[[], SplitSizes],
+    present: Callable[[object], bool] | None = None,
+) -> None:
+    """Declare data set `name`. `loader(data_dir=, download=, split_seed=, **options)` loads it (load_dataset
+    adds `limit` and `train_limit`); `sizes()` gives its splits' sizes and image shape from the published files'
+    sizes through the loader's own split rule, nothing read (the plan prices runs on data that need not be on
+    this machine); `present(data_dir)` says whether its files are there without a download (default: the files
+    DATA_FILES lists for it, or always for a data set made in memory)."""
+    DATASETS[name] = loader
+    FULL_SIZES[name] = sizes
+    PRESENT[name] = present or (lambda data_dir: _files_present(name, data_dir))
+
+
+def loader_default(loader: Callable, parameter: str):
+    """A loader's default for one of its parameters: a split rule that `sizes` reads rather than repeats."""
+    return inspect.signature(loader).parameters[parameter].default
+
+
+def _files_present(name: str, data_dir) -> bool:
+    if name not in DATA_FILES:
+        return True
+    directory = data_directory(name, data_dir)
+    return all((directory / f).is_file() for f in DATA_FILES[name][1])
 
 
 # ---------------------------------------------------------------------------

@@ -22,15 +22,19 @@ from .base import (
     DATA_FILES,
     Dataset,
     Split,
+    SplitSizes,
     corrupt_error,
     error_text,
     fetch_missing,
     indices_sha1,
     make_dataset,
     random_split,
+    register_dataset,
     require_files,
     seeded_generator,
 )
+
+TRAIN_FILES_SIZE, TEST_SIZE = 50_000, 10_000  # the published files, CIFAR-10's and CIFAR-100's alike (section 5)
 
 _CIFAR = {  # name -> (train files, test files, label key, classes, torchvision class)
     "cifar10": (DATA_FILES["cifar10"][1][:5], ("test_batch",), "labels", 10, "CIFAR10"),
@@ -155,3 +159,12 @@ def load_cifar10(data_dir="data", download: bool = False, split_seed: int = 0) -
 
 def load_cifar100(data_dir="data", download: bool = False, split_seed: int = 0) -> Dataset:
     return _load_cifar("cifar100", data_dir, download, split_seed)
+
+
+def cifar_sizes() -> SplitSizes:
+    val = cifar_val_size(TRAIN_FILES_SIZE)
+    return SplitSizes(TRAIN_FILES_SIZE - val, val, TEST_SIZE, (3, 32, 32))
+
+
+register_dataset("cifar10", load_cifar10, sizes=cifar_sizes)
+register_dataset("cifar100", load_cifar100, sizes=cifar_sizes)

@@ -4,51 +4,49 @@ Each split is one uint8 image tensor and one int64 label tensor, the cifar10-air
 data set to the device once (`Dataset.to`), take batches as index slices of a seeded permutation
 (engine.trainer.train_epoch), augment on the device (augment.py).
 
-One module per source, each with its split rule: cifar.py (cifar10, cifar100), svhn.py, digits.py,
-fashion.py (fashion-mnist), synthetic.py; what they share (Dataset, Split, DataError, DATA_FILES, the
-split helpers) is base.py.
+One module per source, each with its split rule, which declares its data sets beside its loader
+(base.register_dataset: the loader, its split sizes for the plan, whether its files are here): cifar.py
+(cifar10, cifar100), svhn.py, digits.py, fashion.py (fashion-mnist), synthetic.py; what they share (Dataset,
+Split, DataError, DATA_FILES, the registry, the split helpers) is base.py. Importing this module imports each
+of them, which fills the registry.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
-from .base import DATA_FILES, DataError, Dataset, data_directory, seeded_generator
+from .base import DATASETS, PRESENT, DataError, Dataset, seeded_generator
+
+# Importing a source module declares its data sets, in the order of these imports (DATASETS's, which
+# `normprop info` lists); their loaders are also taken from here.
+# isort: off
 from .cifar import load_cifar10, load_cifar100
+from .svhn import load_svhn
 from .digits import load_digits
 from .fashion import load_fashion_mnist
-from .svhn import load_svhn
 from .synthetic import load_synthetic
 
-DATASETS: dict[str, Callable[..., Dataset]] = {
-    "cifar10": load_cifar10,
-    "cifar100": load_cifar100,
-    "svhn": load_svhn,
-    "digits": load_digits,
-    "fashion-mnist": load_fashion_mnist,
-    "synthetic": load_synthetic,
-}
+# isort: on
+
+__all__ = [
+    "DATASETS",
+    "available_datasets",
+    "load_cifar10",
+    "load_cifar100",
+    "load_digits",
+    "load_dataset",
+    "load_fashion_mnist",
+    "load_svhn",
+    "load_synthetic",
+]
 
 
 def available_datasets(data_dir="data") -> dict[str, bool]:
     """Which data sets can be loaded without a download (files present; not checksummed)."""
-    from .fashion import NAME as FASHION
-    from .fashion import locate
-
-    present = {}
-    for name in DATASETS:
-        if name == FASHION:
-            present[name] = locate(data_dir) is not None
-        elif name in DATA_FILES:
-            directory = data_directory(name, data_dir)
-            present[name] = all((directory / f).is_file() for f in DATA_FILES[name][1])
-        else:
-            present[name] = True
-    return present
+    return {name: PRESENT[name](data_dir) for name in DATASETS}
 
 
 def _limit(ds: Dataset, limit: int, split_seed: int) -> Dataset:

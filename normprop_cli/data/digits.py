@@ -9,10 +9,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Dataset, Split, indices_sha1, make_dataset, random_split, seeded_generator
+from .base import (
+    Dataset,
+    Split,
+    SplitSizes,
+    indices_sha1,
+    make_dataset,
+    random_split,
+    register_dataset,
+    seeded_generator,
+)
 
 _DIGITS_TEST_SEED = 2016  # the digits test set is the same for every split_seed
 _DIGITS_VAL, _DIGITS_TEST = 300, 300
+_DIGITS_ALL = 1_797  # scikit-learn's digits
 
 
 def digits_images() -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,3 +61,10 @@ def load_digits(data_dir=None, download: bool = False, split_seed: int = 0) -> D
         val_indices_sha1=indices_sha1(val_idx),
         test_indices_sha1=indices_sha1(test_idx),
     )
+
+
+def digits_sizes() -> SplitSizes:
+    return SplitSizes(_DIGITS_ALL - _DIGITS_VAL - _DIGITS_TEST, _DIGITS_VAL, _DIGITS_TEST, (3, 32, 32))
+
+
+register_dataset("digits", load_digits, sizes=digits_sizes)

@@ -24,10 +24,12 @@ from .base import (
     DataError,
     Dataset,
     Split,
+    SplitSizes,
     error_text,
     indices_sha1,
     make_dataset,
     random_split,
+    register_dataset,
     seeded_generator,
 )
 
@@ -41,6 +43,7 @@ FILES = {  # part -> the IDX file's stem (".gz" optional)
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 VAL_SIZE = 5000
+TRAIN_FILE_SIZE, TEST_FILE_SIZE = 60_000, 10_000  # the published files' images
 PAD = 2  # 28 + 2 * 2 = 32, the input size the NIN's pooling arithmetic expects
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 INSTALL_HINT = "apt-get install dataset-fashion-mnist (Debian/Ubuntu), or run with --download"
@@ -171,3 +174,10 @@ def load_fashion_mnist(data_dir="data", download: bool = False, split_seed: int 
         ),
         val_indices_sha1=indices_sha1(val_idx),
     )
+
+
+def fashion_sizes() -> SplitSizes:
+    return SplitSizes(TRAIN_FILE_SIZE - VAL_SIZE, VAL_SIZE, TEST_FILE_SIZE, (1, 32, 32))  # 28x28 padded by PAD
+
+
+register_dataset(NAME, load_fashion_mnist, sizes=fashion_sizes, present=lambda data_dir: locate(data_dir) is not None)

@@ -15,17 +15,21 @@ from .base import (
     DATA_FILES,
     Dataset,
     Split,
+    SplitSizes,
     corrupt_error,
     error_text,
     fetch_missing,
     indices_sha1,
+    loader_default,
     make_dataset,
     per_class_split,
+    register_dataset,
     require_files,
     seeded_generator,
 )
 
 _SVHN_SPLITS = {"train": "train_32x32.mat", "extra": "extra_32x32.mat", "test": "test_32x32.mat"}
+FILE_SIZES = {"train": 73_257, "extra": 531_131, "test": 26_032}  # the published files' images
 
 
 def _read_svhn(path: Path) -> Split:
@@ -106,3 +110,11 @@ def load_svhn(
         ),
         val_indices_sha1=indices_sha1(tr_val, ex_val),
     )
+
+
+def svhn_sizes() -> SplitSizes:
+    val = 10 * sum(loader_default(load_svhn, "val_per_class"))  # per class from (train, extra), 10 classes
+    return SplitSizes(FILE_SIZES["train"] + FILE_SIZES["extra"] - val, val, FILE_SIZES["test"], (3, 32, 32))
+
+
+register_dataset("svhn", load_svhn, sizes=svhn_sizes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Dataset, Split, make_dataset, seeded_generator
+from .base import Dataset, Split, SplitSizes, loader_default, make_dataset, register_dataset, seeded_generator
 
 _SYNTHETIC_CLASS_SEED = 1729  # the class prototypes are the same for every split_seed
 
@@ -48,3 +48,10 @@ def load_synthetic(
         },
         split_rule=("train, val, test sampled in that order from torch.Generator().manual_seed(split_seed)"),
     )
+
+
+def synthetic_sizes() -> SplitSizes:
+    return SplitSizes(*loader_default(load_synthetic, "sizes"), (3, 32, 32))
+
+
+register_dataset("synthetic", load_synthetic, sizes=synthetic_sizes)

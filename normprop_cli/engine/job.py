@@ -1,7 +1,10 @@
-"""One run of a grid, below the schedulers: check its settings, load its data, train it.
+"""One run of a grid, below the executors: check its settings (`validate`), load and check its data
+(`load_data`, `check_ready`), say whether it is finished, train it (`train_one`).
 
-engine.sweep (one after another), engine.parallel (worker processes) and engine.launch (submitit
-jobs) all train a run through `train_one`; none of them imports another to do so.
+engine.plan checks every run (`validate`, `finished`) before it plans; engine.executor's executors (in process, in
+worker processes, and engine.launch's submitit jobs) load and check the data through this module and train
+each task through the trainer; the timing experiment's rounds (experiments.interleave) train each run
+through `train_one`.
 """
 
 from __future__ import annotations

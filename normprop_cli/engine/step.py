@@ -13,7 +13,7 @@ as its `clock` (`normprop bench`): the trainer's steps have none.
 Options (`train:` in conf/config.yaml), off by default but for channels_last on the CPU and
 cuda_graph on CUDA (`auto`, their default; true, false or auto, SWITCHES):
     channels_last  NHWC activations and weights; `auto`: on the CPU, where oneDNN's convolutions
-                   and max pooling make a batch-50 step 1.4-1.7x faster (bench), off on CUDA
+                   and max pooling are faster in NHWC (docs/performance.md), off on CUDA
     amp            bfloat16 autocast (tensor cores; AMX or AVX512-BF16 CPUs, `device.bf16_supported`);
                    the loss and the master weights stay float32; NormProp keeps its folded path
     compile        torch.compile the model (needs a C++ compiler on the CPU)

@@ -19,7 +19,8 @@ pass into a new tensor (docs/performance.md has the measured steps).
         d sd / dx = (x - mean_G) / (M sd), M = |G| H W
 
 Both compute in float32 or wider (bfloat16 autocast: the output in the input's dtype), and keep the
-input's memory format (channels_last on the CPU).
+input's memory format (channels_last on the CPU). Each is declared in the method registry here, beside its
+layer (`frn`, `evonorm`), its block built from normalizers.py's Glorot conv and group count.
 """
 
 from __future__ import annotations
@@ -27,17 +28,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .methods import register_method
+from .normalizers import glorot_conv, groups_for, per_channel, wide
+
 HW = (2, 3)
-
-
-def per_channel(t: Tensor) -> Tensor:
-    """[N, C] -> [N, C, 1, 1]; [C] -> [1, C, 1, 1]."""
-    return t.view(*t.shape, 1, 1) if t.ndim == 2 else t.view(1, -1, 1, 1)  # one view, not four index operators
-
-
-def wide(x: Tensor) -> Tensor:
-    """x in float32 or wider: under bfloat16 autocast the statistics are computed in float32."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _frn(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -159,3 +153,23 @@ class EvoNorm2dS0(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, groups={self.groups}, eps={self.eps}"
+
+
+def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
+    if activation != "relu":
+        raise ValueError(
+            f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"
+        )
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))
+
+
+def evonorm_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module:
+    """conv, then EvoNorm-S0: x * sigmoid(v x) / group_std(x) * gamma + beta, with GroupNorm's group
+    count; no batch statistics, and its own nonlinearity (so it takes activation='relu' only, nominally)."""
+    if activation != "relu":
+        raise ValueError(f"evonorm carries its own nonlinearity (x sigmoid(v x)); got activation={activation!r}")
+    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), EvoNorm2dS0(o, groups=groups_for(o, width)))
+
+
+register_method("frn", "FRN + TLU", block=frn_block, activations=("relu",))  # its TLU is the activation
+register_method("evonorm", "EvoNorm-S0", block=evonorm_block, activations=("relu",))  # it carries its own

@@ -19,6 +19,15 @@ from .stats import ACTIVATIONS, ActivationStats, activation_stats, prelu_stats
 
 JACOBIAN_MODES = ("divide", "init", "off")
 
+
+def jacobian_problem(jacobian: str, key: str = "jacobian") -> str | None:
+    """Why `jacobian` is not a mode of JACOBIAN_MODES, or None: the one check that the layers and NINConfig
+    (which names the key model.jacobian) both make, so a bad value reads the same from either."""
+    if jacobian in JACOBIAN_MODES:
+        return None
+    return f"{key}={jacobian} is not known; use one of {', '.join(JACOBIAN_MODES)}"
+
+
 _ARGUMENTS = """
     NormProp's own arguments, by keyword:
 
@@ -84,12 +93,12 @@ class NormPropLayer(nn.Module):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         name = type(self).__name__
-        if isinstance(bias, str):  # e.g. NormPropLinear(3, 2, "tanh"), as before bias existed
+        if isinstance(bias, str):  # NormPropLinear(3, 2, "tanh"): bias holds nn.Linear's third place, not activation
             raise TypeError(f"{name} takes activation, jacobian and prelu_init by keyword; got bias={bias!r}")
         if not bias:
             raise ValueError(f"{name} learns beta_i, its bias (eq. 11): bias=False is not NormProp")
-        if jacobian not in JACOBIAN_MODES:
-            raise ValueError(f"jacobian must be one of {JACOBIAN_MODES}, got {jacobian!r}")
+        if problem := jacobian_problem(jacobian):
+            raise ValueError(problem)
         self.activation = "identity" if activation is None else activation
         self.jacobian = jacobian
         self.prelu_init = prelu_init

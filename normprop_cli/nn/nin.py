@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor, nn
 
+from . import fastnorm, online  # noqa: F401  (each declares its methods)
 from . import normalizers as nz
-from . import online  # noqa: F401  (declares its methods)
 from .folded import fold_layers
-from .layers import JACOBIAN_MODES, NormPropLayer
+from .layers import NormPropLayer, jacobian_problem
 from .methods import NORMS, register_method
 from .oracle import SigmaOracle, normprop_conv, oracle_every, variant_options, variant_problem
 from .stats import ACTIVATIONS, PARAMETRIC
@@ -89,11 +89,12 @@ class NINConfig:
         """Why this config cannot be built (in the config's keys), or None; the registries decide."""
         for key, value, known in (
             ("norm", self.norm, tuple(NORMS)),
-            ("jacobian", self.jacobian, JACOBIAN_MODES),
             ("activation", self.activation, (*ACTIVATIONS, *PARAMETRIC)),
         ):
             if value not in known:
                 return f"model.{key}={value} is not known; use one of {', '.join(known)}"
+        if problem := jacobian_problem(self.jacobian, key="model.jacobian"):
+            return problem
         if not self.width > 0:
             return f"model.width must be positive, got {self.width}"
         takes = NORMS[self.norm].activations

@@ -12,11 +12,11 @@ has its own, the classifier conv.
     ws-gn        timm's StdConv2d (weight standardisation, Qiao et al. 2019) with GroupNorm
     scaledws     timm's ScaledStdConv2d (Brock et al. 2021, NFNets) with the gain of the
                  activation, 1 / std(act(N(0, 1))); no activation normalisation
-    frn          filter response normalisation with its TLU (Singh and Krishnan 2020): timm's
-                 FilterResponseNormTlu2d with its gradient written out (fastnorm.py)
 
 Only torch and timm are used; the one layer neither ships, Batch Renormalization, is written here, its
-gradient written out (`_BatchRenormFn`).
+gradient written out (`_BatchRenormFn`). The normalisers whose layers are written out for speed are declared
+beside those layers, with the blocks and helpers here: FRN and EvoNorm-S0 in fastnorm.py, Online Norm in
+online.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from .fastnorm import FilterResponseNormTlu2d, per_channel  # FRN: timm's, its gradient written out
 from .methods import register_method
 from .stats import ACTIVATIONS, activation_stats
 
@@ -36,6 +35,16 @@ GROUPS_AT_FULL_WIDTH = 32  # Wu and He's default; the count scales with the NIN'
 # steps at most and set their own clock (conf/model/nin.yaml `renorm`).
 IOFFE = {"rmax": 3.0, "dmax": 5.0, "warmup_steps": 5000, "rmax_steps": 40000, "dmax_steps": 25000}
 SCHEDULE = ("warmup", "rmax", "dmax")  # the limits' clock: <name>_steps, or <name>_epochs (renorm_in_steps)
+
+
+def per_channel(t: Tensor) -> Tensor:
+    """[N, C] -> [N, C, 1, 1]; [C] -> [1, C, 1, 1]."""
+    return t.view(*t.shape, 1, 1) if t.ndim == 2 else t.view(1, -1, 1, 1)  # one view, not four index operators
+
+
+def wide(x: Tensor) -> Tensor:
+    """x in float32 or wider: under bfloat16 autocast the statistics are computed in float32."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def renorm_in_steps(renorm: dict, steps_per_epoch: int | None) -> dict:
@@ -346,14 +355,6 @@ def scaledws_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
     )
 
 
-def frn_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
-    if activation != "relu":
-        raise ValueError(
-            f"frn ends in its own activation (TLU, a learnt-threshold ReLU); got activation={activation!r}"
-        )
-    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), FilterResponseNormTlu2d(o))
-
-
 register_method("none", "no normalisation", block=plain_block)
 register_method("batchnorm", "BatchNorm", block=batchnorm_block, batch_statistics=True)
 register_method("batchrenorm", "Batch Renorm", block=batchrenorm_block, batch_statistics=True)
@@ -366,4 +367,3 @@ register_method("groupnorm", "GroupNorm", block=groupnorm_block)
 register_method("ws-gn", "WS + GroupNorm", block=ws_gn_block)
 # with NFNets' adaptive gradient clipping (their factor 0.01); its `gain` (C x 1 x 1 x 1) is no kernel
 register_method("scaledws", "scaled WS (NF)", block=scaledws_block, train={"agc": 0.01})
-register_method("frn", "FRN + TLU", block=frn_block, activations=("relu",))  # its TLU is the activation

@@ -1,7 +1,5 @@
-"""Two batch-independent normalisers for the NIN, declared in the method registry (methods.py):
-
-    online   Online Normalization (Chiley et al., NeurIPS 2019), written out: `OnlineNorm2d`
-    evonorm  EvoNorm-S0 (Liu et al. 2020): timm's `EvoNorm2dS0` with its gradient written out (fastnorm.py)
+"""Online Normalization (Chiley et al., NeurIPS 2019) for the NIN, written out (`OnlineNorm2d`) and declared in
+the method registry (methods.py) as `online`: a batch-independent normaliser, as EvoNorm-S0 (fastnorm.py) is.
 
 Online Normalization treats the samples of a batch as a stream, in order, and normalises each with
 running statistics estimated from the samples before it, per channel (the paper's section 3; for conv
@@ -46,9 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fastnorm import EvoNorm2dS0, per_channel, wide
 from .methods import register_method
-from .normalizers import activation_module, glorot_conv, groups_for
+from .normalizers import activation_module, glorot_conv, per_channel, wide
 
 
 def _recurrence(a: float, start: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
@@ -216,13 +213,4 @@ def online_block(i, o, k, s, p, activation="relu", **_) -> nn.Module:
     return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), OnlineNorm2d(o), activation_module(activation))
 
 
-def evonorm_block(i, o, k, s, p, activation="relu", width=1.0, **_) -> nn.Module:
-    """conv, then EvoNorm-S0: x * sigmoid(v x) / group_std(x) * gamma + beta, with GroupNorm's group
-    count; no batch statistics, and its own nonlinearity (so it takes activation='relu' only, nominally)."""
-    if activation != "relu":
-        raise ValueError(f"evonorm carries its own nonlinearity (x sigmoid(v x)); got activation={activation!r}")
-    return nn.Sequential(glorot_conv(i, o, k, s, p, bias=False), EvoNorm2dS0(o, groups=groups_for(o, width)))
-
-
-register_method("evonorm", "EvoNorm-S0", block=evonorm_block, activations=("relu",))  # it carries its own
 register_method("online", "Online Norm", block=online_block)

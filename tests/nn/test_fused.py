@@ -1,5 +1,7 @@
 """The fused road (nn/fused.py: NormProp's fold and unit-norm constraint in torch's weight-norm kernel, the
-road CUDA takes) computes what the CPU's batched road computes, run here on the CPU by forcing it."""
+road CUDA takes) computes what the CPU's batched road computes, run here on the CPU by forcing it; and a layer
+alone on each forced road, the triton road's included (tests/nn/test_triton_fold.py has the rest of it), is
+eq. 11."""
 
 import pytest
 import torch
@@ -49,31 +51,42 @@ def test_auto_takes_the_batched_road_on_the_cpu_and_fused_where_forced(road):
 
 
 LAYERS = {
-    "conv": lambda activation: NormPropConv2d(3, 5, 3, padding=1, activation=activation, dtype=torch.float64),
-    "linear": lambda activation: NormPropLinear(6, 5, activation=activation, dtype=torch.float64),
+    "conv": lambda activation, dtype: NormPropConv2d(3, 5, 3, padding=1, activation=activation, dtype=dtype),
+    "linear": lambda activation, dtype: NormPropLinear(6, 5, activation=activation, dtype=dtype),
 }
 
+# Each road in the dtype it computes in, and the tolerance that dtype's rounding allows: the fused road takes
+# float64 (torch's weight-norm kernel), the triton road float32 alone (its kernels and flat buffer are float32).
+PRECISION = {"fused": (torch.float64, 1e-10), "triton": (torch.float32, 1e-5)}
 
+
+@pytest.mark.parametrize("road_name", PRECISION)
 @pytest.mark.parametrize("kind", LAYERS)
 @pytest.mark.parametrize("activation", ["relu", None])
-def test_a_layer_alone_on_the_fused_road_is_eq_11_to_float64_precision(kind, activation, road):
-    """Value and every gradient against eq. 11 written out, in float64, for a conv and a linear layer."""
-    road("fused")
+def test_a_layer_alone_on_each_road_is_eq_11_to_its_dtypes_precision(road_name, kind, activation, road):
+    """Value and every gradient against eq. 11 written out, for a conv and a linear layer, on the fused road
+    and on the triton road (its kernels in Triton's interpreter on the CPU)."""
+    if road_name == "triton":
+        pytest.importorskip("triton", minversion="3.3")
+    dtype, tol = PRECISION[road_name]
+    road(road_name)
     torch.manual_seed(0)
-    layer = LAYERS[kind](activation)
+    layer = LAYERS[kind](activation, dtype)
     with torch.no_grad():
         layer.gamma.uniform_(0.5, 1.5)
         layer.beta.uniform_(-0.5, 0.5)
-    x = torch.randn(4, *((3, 6, 6) if kind == "conv" else (6,)), dtype=torch.float64)
+    x = torch.randn(4, *((3, 6, 6) if kind == "conv" else (6,)), dtype=dtype)
     out = layer(x)
+    if road_name == "triton":  # the layer's parameters went into the road's flat buffer: the road was taken
+        assert layer._flat.holds([layer])
     params = [layer.weight, layer.gamma, layer.beta]
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, params, g)
     ref = reference_forward(layer, x)
     expected = torch.autograd.grad(ref, params, g)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 def test_the_fused_constraint_scales_each_filter_to_unit_norm_as_the_batched_one(road):

@@ -6,12 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from normprop_cli.nn.fastnorm import evonorm_block
 from normprop_cli.nn.online import (
     OnlineNorm2d,
     _linear_scan,
     _OnlineNormFn,
     _recurrence,
-    evonorm_block,
     online_block,
 )
 

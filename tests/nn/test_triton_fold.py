@@ -1,6 +1,7 @@
 """The triton road (nn/triton_fold.py: NormProp's parameters in one flat buffer, the fold's forward, its backward and
 SGD's step with the unit-norm constraint one Triton kernel each, CUDA's road) computes what the CPU's batched road
-computes. Here the same kernels run on the CPU in Triton's interpreter, the road forced."""
+computes. Here the same kernels run on the CPU in Triton's interpreter, the road forced. A layer alone on this road
+against eq. 11 is tested with the fused road's, in tests/nn/test_fused.py."""
 
 import copy
 import io
@@ -14,11 +15,9 @@ from normprop_cli.engine.step import Step, make_optimizer  # noqa: E402
 from normprop_cli.nn import (  # noqa: E402
     NIN,
     NormPropConv2d,
-    NormPropLinear,
     constrain_unit_norm_,
     fused,
     layers,
-    reference_forward,
 )
 
 STEPS = 20
@@ -141,35 +140,6 @@ def test_the_triton_constraint_scales_each_filter_to_unit_norm_as_the_batched_on
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert all((m.filter_norms() - 1).abs().max() <= 1e-6 for m in model._folded)
-
-
-LAYERS = {
-    "conv": lambda activation: NormPropConv2d(3, 5, 3, padding=1, activation=activation),
-    "linear": lambda activation: NormPropLinear(6, 5, activation=activation),
-}
-
-
-@pytest.mark.parametrize("kind", LAYERS)
-@pytest.mark.parametrize("activation", ["relu", None])
-def test_a_layer_alone_on_the_triton_road_is_eq_11(kind, activation, road):
-    """Value and every gradient against eq. 11 written out, float32, for a conv and a linear layer."""
-    road("triton")
-    torch.manual_seed(0)
-    layer = LAYERS[kind](activation)
-    with torch.no_grad():
-        layer.gamma.uniform_(0.5, 1.5)
-        layer.beta.uniform_(-0.5, 0.5)
-    x = torch.randn(4, *((3, 6, 6) if kind == "conv" else (6,)))
-    out = layer(x)
-    assert layer._flat.holds([layer])
-    params = [layer.weight, layer.gamma, layer.beta]
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, params, g)
-    ref = reference_forward(layer, x)
-    expected = torch.autograd.grad(ref, params, g)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

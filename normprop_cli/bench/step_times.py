@@ -1,7 +1,7 @@
 """Step times per configuration (engine.cost.StepKey: method, batch size, width, image shape) for a plan
 (`normprop run --dry-run`, experiments.plan): measured here, a few steps of each configuration by the
 bench's own clock (timing.step_times), or read from a CSV so that one machine projects another's time
-(`--step-times FILE`, or NORMPROP_STEP_TIMES): a CPU projects an H100 from a committed GPU measurement.
+(`--step-times FILE`, or NORMPROP_STEP_TIMES): a CPU projects a GPU from a committed GPU measurement.
 
 The CSV is the bench's shape: `method`, `batch_size`, `width`, `step_ms` (or the bench's `step_ms_median`),
 optionally `shape` ("3x32x32" where absent) and `precision` (only float32 rows are read); lines starting

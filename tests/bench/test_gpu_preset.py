@@ -1,5 +1,5 @@
 """The gpu preset: Table 1's comparison with the fashion preset's protocol at width 1.0 and the timing
-experiment, on Fashion-MNIST; planned within 5 minutes at the committed H100 step times; its experiments at
+experiment, on Fashion-MNIST; planned within 5 minutes at the committed GPU step times; its experiments at
 smoke size, through the report's column for it."""
 
 from pathlib import Path
@@ -15,7 +15,7 @@ from normprop_cli.data import fashion
 from normprop_cli.experiments import plan
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_S = 300  # the plan's limit at the H100's step times
+GPU_S = 300  # the plan's limit at the committed GPU step times
 # NormProp and BatchNorm alone (no flips, no plain net): the comparison C5 and C6 read, in fewer runs
 TWO = "grid=[{id: normprop, set: {model.norm: normprop}}, {id: batchnorm, set: {model.norm: batchnorm}}]"
 
@@ -32,7 +32,7 @@ def test_the_gpu_preset_is_the_fashion_protocol_at_the_papers_width():
     )
 
 
-def test_its_plan_at_the_committed_h100_step_times_fits_in_five_minutes(tmp_path):
+def test_its_plan_at_the_committed_gpu_step_times_fits_in_five_minutes(tmp_path):
     times = StepTimes(ROOT / "results" / "bench" / "gpu" / "step_times.csv")
     frame = plan.project("gpu", times, tmp_path)
     assert frame["experiment"].tolist() == ["table1", "timing", "total"]

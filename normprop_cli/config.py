@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -149,19 +150,58 @@ def _compose(overrides: list[str]) -> DictConfig:
     kept, keyed by the overrides and the contents of the config files (a changed or added file composes
     anew), and handed out as a copy that the caller may change."""
     directory = conf_dir()
-    key = (str(directory), tuple(overrides), _conf_state(directory))
+    state = _conf_state(directory)
+    key = (str(directory), tuple(overrides), state)
     with _COMPOSING:
         if key not in _COMPOSED:
-            GlobalHydra.instance().clear()
-            try:
-                with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-                    cfg = schema.checked(compose(config_name="config", overrides=overrides))
-            finally:
-                GlobalHydra.instance().clear()
+            cfg = schema.checked(_composed(directory, state, overrides))
             while len(_COMPOSED) >= 64:  # a bound for processes that compose many (a test session)
                 del _COMPOSED[next(iter(_COMPOSED))]
             _COMPOSED[key] = cfg
         return copy.deepcopy(_COMPOSED[key])
+
+
+_DEFAULTS: dict[tuple, DictConfig] = {}
+
+
+def _composed(directory: Path, state: str, overrides: list[str]) -> DictConfig:
+    """Hydra's composition, in two steps as Hydra takes them: the config groups' choices (`experiment=`,
+    `preset=`, ...) pick the files of the defaults list and Hydra merges them, which is most of a
+    composition's cost; then the overrides of keys (`train.lr=0.1`, `+key=v`, `~key`) are applied, by
+    Hydra's own code, to the merged config. Runs differ mostly in their keys' overrides, so the first step
+    is kept per choice of groups (and contents of the config files) and only the second is done again.
+    An override that is not plainly one or the other (a sweep `a,b`, one of Hydra's own `hydra.*` keys)
+    and an override Hydra cannot parse go through Hydra whole, which words their error."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra's parse errors: raised by Hydra's composition itself
+        return _hydra(directory, overrides)
+    groups, keys = [], []
+    for o in parsed:
+        if o.is_sweep_override() or o.key_or_group.split("/")[0].split(".")[0] == "hydra":
+            return _hydra(directory, overrides)
+        # as Hydra's defaults list tells them apart: a mapping is a key's value, even under a group's name
+        group = (directory / o.key_or_group).is_dir() and not isinstance(o.value(), dict)
+        (groups if group else keys).append(o)
+    base = (str(directory), state, tuple(o.input_line for o in groups))
+    if base not in _DEFAULTS:
+        cfg = _hydra(directory, [o.input_line for o in groups])
+        while len(_DEFAULTS) >= 64:
+            del _DEFAULTS[next(iter(_DEFAULTS))]
+        _DEFAULTS[base] = cfg
+    cfg = copy.deepcopy(_DEFAULTS[base])
+    ConfigLoaderImpl._apply_overrides_to_config(keys, cfg)
+    return cfg
+
+
+def _hydra(directory: Path, overrides: list[str]) -> DictConfig:
+    """Hydra's own composition of config.yaml under `overrides`, nothing kept."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _checked(given: list[str], user: list[Override], experiment: str | None = None) -> DictConfig:

@@ -34,6 +34,39 @@ def test_a_kept_composition_is_a_copy_and_follows_the_config_files(tmp_path, mon
     assert int(config.load("table1", preset="quick").train.epochs) == epochs + 1
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["experiment=table1", "preset=smoke", "train.epochs=3", "grid=[{id: r, set: {model.norm: normprop}}]"],
+        ["experiment=normalizers", "preset=quick", "dataset=digits", "seeds=3", "+experiment.answer=42"],
+        ["experiment=normalizers", "experiment.lr_scale={none: 0.5}", "++train.lr=0.5", "~experiment.paper"],
+        ["experiment=table1", "preset=fashion", "device=cpu", "train.lr=1e9", "preset=smoke"],
+        ["experiment=drift", "train.epoch=3"],  # refusals: an unknown key, a wrong type, a mapping's unknown key
+        ["experiment=drift", "train.epochs=x"],
+        ["experiment=normalizers", "experiment.lr_scale={nonee: 0.5}"],
+        ["experiment=table1", "train.lr=1,2"],  # a sweep and Hydra's own keys go through Hydra whole
+        ["experiment=table1", "hydra.job.name=x"],
+    ],
+)
+def test_a_composition_from_kept_group_choices_is_hydras_whole_composition(overrides):
+    """config keeps the merge of the groups' files and applies the keys' overrides to a copy: the config, or
+    the error and its causes, are those of Hydra composing everything at once."""
+
+    def outcome(compose):
+        try:
+            return OmegaConf.to_yaml(compose())
+        except Exception as exc:  # the chain of causes, which config.refusal reads
+            chain = []
+            while exc is not None:
+                chain, exc = [*chain, f"{type(exc).__name__}: {exc}"], exc.__cause__
+            return chain
+
+    whole = outcome(lambda: schema.checked(config._hydra(config.conf_dir(), overrides)))
+    config._COMPOSED.clear()
+    assert outcome(lambda: config._compose(overrides)) == whole
+    assert outcome(lambda: config._compose(overrides)) == whole  # and kept
+
+
 def _fitted(tree: dict) -> str:
     """`tree` as the schema has it, in a form that tells 1 from 1.0 and true from 1."""
     return repr(OmegaConf.to_container(schema.checked(OmegaConf.create(tree))))

@@ -19,9 +19,8 @@ def load_run(results, experiment, name, dataset="synthetic"):
     return manifest, metrics, weights
 
 
-def test_table1_smoke_writes_runs_and_summary(cli):
-    result = cli("run", "table1", *SMOKE, "--results-dir", cli.results)
-    assert result.exit_code == 0, result.output
+def test_table1_smoke_writes_runs_and_summary(cli, trained):
+    trained(cli.results, "table1", *SMOKE, "train.epochs=2")  # the preset's own number of epochs
     summary = pd.read_csv(cli.results / "table1" / "synthetic" / "summary.csv")
     for column in (
         "method",
@@ -58,7 +57,7 @@ def test_paper_values_appear_beside_the_reproduction(cli):
 
 
 @pytest.mark.parametrize("norm,augment", [("normprop", "true"), ("batchnorm", "false")])
-def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, interrupt_at, norm, augment):
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, trained, tmp_path, interrupt_at, norm, augment):
     args = [
         "run",
         "table1",
@@ -66,7 +65,7 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(cli, tmp_path, interru
         "train.epochs=3",
         f"grid=[{{id: r, set: {{model.norm: {norm}, train.augment: {augment}}}}}]",
     ]
-    assert cli(*args, "--results-dir", tmp_path / "a").exit_code == 0
+    trained(tmp_path / "a", *args[1:])  # the uninterrupted run
 
     # Interrupt the second run in the middle of its second epoch, as Ctrl-C would.
     assert interrupt_at(6, lambda: cli(*args, "--results-dir", tmp_path / "b")).exit_code == 130
@@ -105,10 +104,10 @@ def test_another_config_in_the_same_run_directory_is_refused(cli, trained):
     assert result.exit_code == 2 and "another config" in result.output
 
 
-def test_a_changed_setting_on_a_finished_run_is_refused_and_more_epochs_extend_it(cli):
+def test_a_changed_setting_on_a_finished_run_is_refused_and_more_epochs_extend_it(cli, trained):
     """Never "complete, skipped" with the old numbers: another width is refused before anything trains
     (summary.csv untouched), fewer epochs too; more epochs continue the runs to the new count."""
-    assert cli("run", "table1", *SMOKE, "train.epochs=2", "--results-dir", cli.results).exit_code == 0
+    trained(cli.results, "table1", *SMOKE, "train.epochs=2")
     sweep = cli.results / "table1" / "synthetic"
     summary = (sweep / "summary.csv").read_bytes()
     for changed in (["model.width=0.125"], ["train.epochs=1"], ["train.epochs=3", "train.lr=0.01"]):
@@ -214,12 +213,12 @@ def test_augmentation_follows_the_data_set_and_svhn_has_none(cli):
 
 
 @pytest.mark.parametrize("interrupt", [False, True])
-def test_more_epochs_extend_a_run_to_exactly_the_longer_run(cli, tmp_path, interrupt_at, interrupt):
+def test_more_epochs_extend_a_run_to_exactly_the_longer_run(cli, trained, tmp_path, interrupt_at, interrupt):
     """train.epochs raised for a complete (or an interrupted) run continues it from its checkpoint and
     ends bit for bit where a run trained to that many epochs at once ends; its config.yaml says so."""
     grid = "grid=[{id: r, set: {model.norm: normprop, train.augment: true}}]"
     args = ["run", "table1", *SMOKE, grid]
-    assert cli(*args, "train.epochs=3", "--results-dir", tmp_path / "a").exit_code == 0
+    trained(tmp_path / "a", "table1", *SMOKE, "train.epochs=3", grid)  # at once: the resumed runs' reference too
     if interrupt:  # stopped in its second epoch under the shorter config
         assert interrupt_at(6, lambda: cli(*args, "train.epochs=2", "--results-dir", tmp_path / "b")).exit_code == 130
     else:

@@ -176,12 +176,14 @@ def margins_text() -> str:
 
 def _final_test() -> str:
     """The claims whose metric is a final test accuracy or error, which the best-validation check re-reads."""
-    return ", ".join(c.id for c in claims() if "final test" in c.metric)
+    return ", ".join(c.id for c in claims() if "final test" in c.metric) or "none"
 
 
-def _of(experiment: str) -> str:
-    """The id of the claim that `experiment` measures."""
-    return next(c.id for c in claims() if c.experiment == experiment)
+def _own_epochs() -> str:
+    """'; C3: its early window, C6: its rounds': the claims whose epochs are not the run's last quarter."""
+    own = {"convergence": "its early window", "timing": "its rounds"}
+    parts = [f"{c.id}: {own[c.experiment]}" for c in claims() if c.experiment in own]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def rule_text() -> str:
@@ -213,7 +215,7 @@ def rule_text() -> str:
             "included), reach another verdict than the one shown; the verdict with each run's test metric at its "
             f"best-validation epoch instead of its last (for the claims on a final test metric: {_final_test()}); "
             "and the verdict, by this whole rule, at every epoch of the last quarter (epochs E − ⌈E/4⌉ to E of "
-            f"the E the claim reads; {_of('convergence')}: its early window, {_of('timing')}: its rounds), "
+            f"the E the claim reads{_own_epochs()}), "
             "*settled* only where it is the same verdict at each.",
         ]
     )

@@ -266,11 +266,6 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     return prose.render("activations", activation_facts(cfg))
 
 
-def claim() -> rule.Claim:
-    """The claim this experiment tests (conf/claims.yaml), found by its experiment."""
-    return next(c for c in rule.claims() if c.experiment == NAME)
-
-
 def activation_facts(cfg: DictConfig) -> dict:
     """What the paragraphs state: per activation, NormProp's (and BatchNorm's) layer statistics at
     initialisation beside eq. 12's prediction and after training; the accuracies against BatchNorm; the
@@ -280,7 +275,7 @@ def activation_facts(cfg: DictConfig) -> dict:
     order = _activations(summary)
     jacobian = str(cfg.model.jacobian)
     facts = {
-        "claim": claim().id,
+        "claim": rule.claim_of(NAME).id,
         "probe_set": tables.probe_set(cfg),
         "jacobian": jacobian,
         "pooling_section": POOLING_SECTION,
@@ -329,7 +324,7 @@ def _parts_rows(summary: pd.DataFrame) -> list[dict]:
     """The claim's two parts, per seed the worst activation of each (verdicts.constants), as headline rows."""
     if not len(summary) or "activation" not in summary:
         return []
-    wide, rows, cid = c8.normprop_accuracy(summary), [], claim().id
+    wide, rows, cid = c8.normprop_accuracy(summary), [], rule.claim_of(NAME).id
     for what, changes in (
         (f"{cid} (a): per seed, the worst of the activations other than ReLU of NormProp's final test accuracy "
          "minus NormProp's with ReLU (pp)", c8.own_changes(wide)),
@@ -348,7 +343,7 @@ def _margin(ci: dict, wide: pd.DataFrame) -> dict:
     with ReLU (conf/claims.yaml): `side` above or below it, None where it straddles it; `interval` False
     with fewer than 2 seeds."""
     reference = 100.0 - wide[REFERENCE].mean() if REFERENCE in wide else math.nan
-    low, high, margin = ci["ci_low"], ci["ci_high"], rule.absolute_margin(claim(), reference)
+    low, high, margin = ci["ci_low"], ci["ci_high"], rule.absolute_margin(rule.claim_of(NAME), reference)
     side = {rule.REPRODUCED: "above", rule.NOT_REPRODUCED: "below"}.get(
         rule.verdict(rule.NON_INFERIORITY, low, high, margin, ci["n"])
     )

@@ -220,7 +220,7 @@ def headlines(cfg: DictConfig) -> list[dict]:
                     "quantity": "epoch time ratio NormProp / BatchNorm, paired by round: geometric mean over "
                     f"{int(r['seeds_vs_batchnorm'])} seeds of each seed's median, over its timed rounds "
                     f"({int(r['rounds_vs_batchnorm'])} in all), of NormProp's / BatchNorm's seconds in the same "
-                    f"round (the {claim_id()} verdict's ratio, its effect 1 - ratio)",
+                    f"round (the {rule.claim_of(NAME).id} verdict's ratio, its effect 1 - ratio)",
                     "reproduced": round(float(r["ratio_vs_batchnorm"]), 3),
                     "paper": f"{r['paper_ratio_vs_batchnorm']:.3f}{note}",
                 }
@@ -243,11 +243,6 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     return prose.render("timing", facts) if facts else []
 
 
-def claim_id() -> str:
-    """The id of the claim this experiment tests (conf/claims.yaml), found by its experiment."""
-    return next(c.id for c in rule.claims() if c.experiment == NAME)
-
-
 def timing_facts(cfg: DictConfig) -> dict:
     """What the paragraph states: NormProp / BatchNorm paired by round (its seeds, the ratio and the
     claim's effect 1 - ratio) and the ratio of the pooled medians; {} where no round paired the two."""
@@ -256,8 +251,8 @@ def timing_facts(cfg: DictConfig) -> dict:
         return {}  # no round with both methods' epochs of a complete run (e.g. every NormProp run diverged)
     r = table.loc["normprop"]
     ratio = float(r["ratio_vs_batchnorm"])
-    return {"claim": claim_id(), "seeds": int(r["seeds_vs_batchnorm"]), "ratio": ratio, "effect": 1.0 - ratio,
-            "pooled": float(r["pooled_ratio_vs_batchnorm"])}  # fmt: skip
+    return {"claim": rule.claim_of(NAME).id, "seeds": int(r["seeds_vs_batchnorm"]), "ratio": ratio,
+            "effect": 1.0 - ratio, "pooled": float(r["pooled_ratio_vs_batchnorm"])}  # fmt: skip
 
 
 @experiment(NAME, plot=plot, headlines=headlines, paragraphs=paragraphs, alone=True)

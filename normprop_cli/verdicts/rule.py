@@ -54,6 +54,11 @@ def claims() -> tuple[Claim, ...]:
     return tuple(Claim(id=key, **value) for key, value in raw["claims"].items())
 
 
+def claim_of(experiment: str) -> Claim:
+    """The claim of conf/claims.yaml that `experiment` measures: how a sentence names it, never by a spelt id."""
+    return next(c for c in claims() if c.experiment == experiment)
+
+
 def level_of(kind: str | None) -> float:
     """The level of the interval a kind of test reads: 90% for equivalence (two one-sided tests at
     5%), 95% otherwise."""

@@ -105,7 +105,7 @@ def test_the_paragraphs_state_the_facts_and_name_the_claim_conf_gives_the_experi
     assert f"after {facts['epochs']} epochs" in texts[1]
     assert "after 1234 epochs" in prose.render("activations", facts | {"epochs": 1234})[1]
     assert "has no ablation runs here" in prose.render("activations", facts | {"constants": []})[1]
-    claim = activations.claim()
+    claim = rule.claim_of(activations.NAME)
     assert claim.experiment == "activations" and f"{claim.id} needs both" in texts[1]
     monkeypatch.setattr(rule, "claims", lambda: (dataclasses.replace(claim, id="C42"),))
     renamed = " ".join(activations.paragraphs(cfg))
@@ -200,4 +200,4 @@ def test_c8_without_ablation_runs_has_no_interval_and_without_results_is_not_mea
     write_summary(tmp_path, {"relu": 0.0, "prelu": 0.3, "tanh": -0.2, "sigmoid": -0.5})
     r = c8(tmp_path)
     assert math.isnan(r["ci_low"]) and r["verdict"] == INCONCLUSIVE and "no ablation runs" in r["note"]
-    assert f"{activations.claim().id} has no interval" in r["note"]  # the id conf/claims.yaml gives
+    assert f"{rule.claim_of(activations.NAME).id} has no interval" in r["note"]  # the id conf/claims.yaml gives

@@ -20,7 +20,7 @@ from normprop_cli.experiments.drift.ablation_report import ablation_headlines, a
 from normprop_cli.experiments.drift.tables import by_group, group_label, learned_rows, main_rows, mean_at
 from normprop_cli.io import read_yaml
 from normprop_cli.statistics import format_mean_ci
-from normprop_cli.verdicts import Claim, claims
+from normprop_cli.verdicts.rule import claim_of
 
 PREMISE = 1.2  # a mean ratio above this says the pre-activation's spread is not the input's
 SHOWN_LAYERS = (4, 7)  # the wide 5x5 convs after the first, in the headlines
@@ -120,12 +120,6 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
     return out
 
 
-def population_claim() -> Claim:
-    """The claim the population measure answers: the one of conf/claims.yaml whose experiment (covariate-shift,
-    Fig. 2) this experiment repeats the protocol of."""
-    return next(c for c in claims() if c.experiment == "covariate-shift")
-
-
 def _population_reading(normprop: dict, bn: dict) -> str | None:
     """'further' (|mean| and drift both above BatchNorm's), 'closer' (both below), else None (undecided)."""
     if normprop["avg_abs_mean"] > bn["avg_abs_mean"] and normprop["avg_drift"] > bn["avg_drift"]:
@@ -156,7 +150,7 @@ def findings_facts(cfg: DictConfig) -> dict | None:
     narrow = min(width for _, width in s)
     normprop, bn = s.get(("normprop", narrow)), s.get(("batchnorm", narrow))
     both = bool(normprop and bn and normprop["has_population"] and bn["has_population"])
-    claim = population_claim()
+    claim = claim_of("covariate-shift")  # the claim whose protocol (Fig. 2) the population measure repeats
     return {
         "normprop": normprop,
         "bn": bn,

@@ -78,6 +78,12 @@ def render(name: str, facts: Mapping) -> list[str]:
     return unwrap(environment().get_template(f"{name}.md.j2").render(**facts))
 
 
+def text(name: str, facts: Mapping) -> str:
+    """`render`'s paragraphs as one text, parted by a blank line as the report parts paragraphs (a section
+    part that its caller hands on as one string)."""
+    return "\n\n".join(render(name, facts))
+
+
 def render_string(source: str, facts: Mapping) -> list[str]:
     """`render` of a template given as text (tests, and sentences too short for a file of their own)."""
     return unwrap(environment().from_string(source).render(**facts))

@@ -46,12 +46,12 @@ def oracle_paragraphs(cfg: DictConfig, t: dict, by: pd.DataFrame, c: pd.DataFram
 def rate_sentence(cfg: DictConfig, t: dict, by: pd.DataFrame, c: pd.DataFrame) -> str:
     """NormProp at fixed multiples of its swept rate against it; and where an ablation trained at another
     rate than its main setting, the ablation against the rate setting of the same rate."""
-    return "\n\n".join(prose.render("drift_oracle_rate", rate_facts(cfg, t, by, c)))
+    return prose.text("drift_oracle_rate", rate_facts(cfg, t, by, c))
 
 
 def steps_paragraph(cfg: DictConfig, t: dict, by: pd.DataFrame) -> str:
     """When in the first epoch the spread ratio and the drift rise, per setting with in-epoch probes."""
-    return "\n\n".join(prose.render("drift_oracle_steps", steps_facts(cfg, t, by)))
+    return prose.text("drift_oracle_steps", steps_facts(cfg, t, by))
 
 
 def _ci(diff: float, low: float, high: float) -> str:

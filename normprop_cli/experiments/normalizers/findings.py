@@ -30,7 +30,7 @@ def paragraphs(cfg: DictConfig) -> list[str]:
     intro = prose.render("normalizers", facts.intro_facts(cfg) | {"correction": correction(t, ref)})
     out = [*intro, training_details(cfg), edges(cfg), unfinished(cfg)]
     for bs, g in t.groupby("batch_size", sort=True):
-        out.append("\n\n".join(prose.render("normalizers_batch", facts.batch_facts(g, int(bs), cfg, level))))
+        out.append(prose.text("normalizers_batch", facts.batch_facts(g, int(bs), cfg, level)))
         out.append(_finding(g, int(bs), ref, reference))
     out.append(seeds_added(cfg, t))
     out += prose.render("normalizers_gaps", facts.gap_facts(t, cfg))
@@ -43,36 +43,36 @@ def seeds_added(cfg: DictConfig, t: pd.DataFrame) -> str:
     sizes on the first seeds alone beside all seeds, so that a reading the added seeds moved shows as
     such; '' where no setting has added seeds."""
     found = facts.seeds_facts(cfg, t)
-    return "\n\n".join(prose.render("normalizers_seeds", found)) if found else ""
+    return prose.text("normalizers_seeds", found) if found else ""
 
 
 def correction(t: pd.DataFrame, ref: str) -> str:
     """What the differences from the reference are, as tables.table computes them: the Welch test, the pp
     scale, the Bonferroni correction over the comparisons that `compared` marks, and the MDD."""
-    return "\n\n".join(prose.render("normalizers_correction", facts.correction_facts(t, ref)))
+    return prose.text("normalizers_correction", facts.correction_facts(t, ref))
 
 
 def _finding(g: pd.DataFrame, bs: int, ref: str, reference: str = "normprop-icml") -> str:
     """One sentence per batch size: who beat the reference, who is worse, who cannot be told apart; where
     every run of the reference diverged, that, and no comparison."""
-    return "\n\n".join(prose.render("normalizers_finding", facts.finding_facts(g, bs, ref, reference)))
+    return prose.text("normalizers_finding", facts.finding_facts(g, bs, ref, reference))
 
 
 def training_details(cfg: DictConfig) -> str:
     """How every method trains, as the config has it: the classifier, the weight decay, Batch
     Renormalization's schedule and its limits at batch 1, scaled WS's gradient clipping."""
-    return "\n\n".join(prose.render("normalizers_training", facts.training_facts(cfg)))
+    return prose.text("normalizers_training", facts.training_facts(cfg))
 
 
 def edges(cfg: DictConfig) -> str:
     """Which chosen rates sit at an edge of their sweep, and why (lr_sweep.edge_choices), and the settings
     whose every rate scored near chance on validation (their choice says nothing); '' where the steps
     policy did not choose the rates."""
-    return "\n\n".join(prose.render("normalizers_edges", facts.edge_facts(cfg)))
+    return prose.text("normalizers_edges", facts.edge_facts(cfg))
 
 
 def unfinished(cfg: DictConfig) -> str:
     """A sentence where rows of summary.csv name runs that are not finished in runs/ (removed to retrain,
     or still training): their numbers, and every table and figure built from them, are from the earlier
     training until the experiment's command finishes them; '' where every row's run is finished."""
-    return "\n\n".join(prose.render("normalizers_unfinished", facts.unfinished_facts(cfg)))
+    return prose.text("normalizers_unfinished", facts.unfinished_facts(cfg))

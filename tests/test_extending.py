@@ -49,16 +49,26 @@ def test_a_normaliser_registered_in_a_test_trains_in_normalizers_and_benches(cli
     assert list(bench.index) == ["none", toy_norm] and bench.loc[toy_norm, "step_ms_median"] > 0
 
 
+def conf_with(tmp_path, monkeypatch, name: str, text: str) -> Path:
+    """conf/ copied under tmp_path with one more YAML file, `name` (e.g. "dataset/x.yaml"), and the package
+    composing from the copy: a contributor's new config, tried without touching the repository's."""
+    conf = tmp_path / "conf"
+    shutil.copytree(config.conf_dir(), conf)
+    (conf / name).write_text(text)
+    monkeypatch.setattr(config, "conf_dir", lambda: conf)
+    return conf
+
+
 @pytest.fixture
 def toy_experiment(tmp_path, monkeypatch):
     """conf/ copied with one more YAML, `toy`, and a module's worth of parts registered here."""
-    conf = tmp_path / "conf"
-    shutil.copytree(config.conf_dir(), conf)
-    (conf / "experiment" / "toy.yaml").write_text(
+    conf_with(
+        tmp_path,
+        monkeypatch,
+        "experiment/toy.yaml",
         "# @package _global_\n# A toy experiment: the registry's recipe, tried.\nexperiment:\n  name: toy\n"
-        "  paper: beyond the paper\n  answer: 42\n"
+        "  paper: beyond the paper\n  answer: 42\n",
     )
-    monkeypatch.setattr(config, "conf_dir", lambda: conf)
 
     def out_dir(cfg):
         return Path(cfg.results_dir) / "toy"
@@ -128,13 +138,13 @@ def toy_data(tmp_path, monkeypatch):
         return make_dataset("toy-data", *(split(n) for n in sizes), 2, split_seed)
 
     register_dataset("toy-data", load_toy, sizes=lambda: SplitSizes(40, 10, 10, (1, 32, 32)))
-    conf = tmp_path / "conf"
-    shutil.copytree(config.conf_dir(), conf)
-    (conf / "dataset" / "toy-data.yaml").write_text(
+    conf_with(
+        tmp_path,
+        monkeypatch,
+        "dataset/toy-data.yaml",
         "# A toy data set: the registry's recipe, tried.\nname: toy-data\nsplit_seed: 0\nlimit: null\n"
-        "train_limit: null\nnum_classes: 2\naugment: flip\n"
+        "train_limit: null\nnum_classes: 2\naugment: flip\n",
     )
-    monkeypatch.setattr(config, "conf_dir", lambda: conf)
     yield "toy-data"
     for registry in (DATASETS, FULL_SIZES, PRESENT):
         registry.pop("toy-data", None)

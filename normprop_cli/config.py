@@ -13,7 +13,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_repository import IConfigRepository
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -175,17 +177,17 @@ def _composed(directory: Path, state: str, overrides: list[str]) -> DictConfig:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # Hydra's parse errors: raised by Hydra's composition itself
-        return _hydra(directory, overrides)
+        return _hydra(directory, overrides, state)
     groups, keys = [], []
     for o in parsed:
         if o.is_sweep_override() or o.key_or_group.split("/")[0].split(".")[0] == "hydra":
-            return _hydra(directory, overrides)
+            return _hydra(directory, overrides, state)
         # as Hydra's defaults list tells them apart: a mapping is a key's value, even under a group's name
         group = (directory / o.key_or_group).is_dir() and not isinstance(o.value(), dict)
         (groups if group else keys).append(o)
     base = (str(directory), state, tuple(o.input_line for o in groups))
     if base not in _DEFAULTS:
-        cfg = _hydra(directory, [o.input_line for o in groups])
+        cfg = _hydra(directory, [o.input_line for o in groups], state)
         while len(_DEFAULTS) >= 64:
             del _DEFAULTS[next(iter(_DEFAULTS))]
         _DEFAULTS[base] = cfg
@@ -194,14 +196,61 @@ def _composed(directory: Path, state: str, overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def _hydra(directory: Path, overrides: list[str]) -> DictConfig:
-    """Hydra's own composition of config.yaml under `overrides`, nothing kept."""
+def _hydra(directory: Path, overrides: list[str], state: str | None = None) -> DictConfig:
+    """Hydra's own composition of config.yaml under `overrides`. With the config files' `state`, the files
+    Hydra loads are kept for the next composition (`_Kept`)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+            if state is not None:
+                loader = GlobalHydra.instance().hydra.config_loader
+                while len(_KEPT) >= 8 and (str(directory), state) not in _KEPT:
+                    del _KEPT[next(iter(_KEPT))]
+                loader.repository = _Kept(loader.repository, _KEPT.setdefault((str(directory), state), {}))
             return compose(config_name="config", overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
+
+
+_KEPT: dict[tuple[str, str], dict] = {}
+
+
+class _Kept(IConfigRepository):
+    """Hydra's repository of config files, keeping each file it loaded (parsed, its defaults list read) for
+    the compositions that follow: each composition loads the same few dozen small files, and parsing them
+    is nearly half of its cost. A file is handed out as a copy, which Hydra may change. Hydra copies its
+    repository at each composition to add search paths to it; the kept files go with the copy, keyed by
+    the search path they were found on."""
+
+    def __init__(self, delegate: IConfigRepository, kept: dict) -> None:
+        self.delegate, self.kept = delegate, kept
+
+    def __deepcopy__(self, memo: dict) -> _Kept:
+        return _Kept(copy.deepcopy(self.delegate, memo), self.kept)
+
+    def load_config(self, config_path: str):
+        key = (config_path, tuple((s.provider, s.path) for s in self.delegate.get_sources()))
+        if key not in self.kept:
+            self.kept[key] = self.delegate.load_config(config_path=config_path)
+        return copy.deepcopy(self.kept[key])
+
+    def get_schema_source(self):
+        return self.delegate.get_schema_source()
+
+    def initialize_sources(self, config_search_path) -> None:
+        self.delegate.initialize_sources(config_search_path)
+
+    def group_exists(self, config_path: str) -> bool:
+        return self.delegate.group_exists(config_path=config_path)
+
+    def config_exists(self, config_path: str) -> bool:
+        return self.delegate.config_exists(config_path=config_path)
+
+    def get_group_options(self, group_name: str, results_filter: ObjectType | None = ObjectType.CONFIG) -> list[str]:
+        return self.delegate.get_group_options(group_name=group_name, results_filter=results_filter)
+
+    def get_sources(self) -> list:
+        return self.delegate.get_sources()
 
 
 def _checked(given: list[str], user: list[Override], experiment: str | None = None) -> DictConfig:

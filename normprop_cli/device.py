@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,18 @@ def for_workers(name: str, workers: int) -> list[str]:
     device = resolve(name)
     gpus = torch.cuda.device_count() if device.type == "cuda" and device.index is None else 0
     return [str(resolve(f"cuda:{k % gpus}")) if gpus > 1 else str(device) for k in range(workers)]
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """How a worker process is started (the runs' pool, timing's lanes): 'forkserver', which forks each
+    worker from one server process that has imported torch, so a worker starts without the seconds an
+    import of torch takes; like 'spawn', and unlike a fork of the parent, safe with CUDA, as the server
+    touches no device. 'spawn' where the platform has no forkserver."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "pandas", "omegaconf"])
+    return context
 
 
 # cuBLAS's setting for deterministic results (its docs, "Results reproducibility"; torch's reproducibility

@@ -152,6 +152,6 @@ def wrote(out: Path, before: dict[Path, bytes]) -> str:
 
 
 def figures(out: Path, before: dict[Path, bytes]) -> list[Path]:
-    """The figures (PNG, PDF) beside a run's CSVs that are new or differ from `before` (contents())."""
+    """The figures (PNG, PDF, SVG) beside a run's CSVs that are new or differ from `before` (contents())."""
     where = out if out.is_dir() else out.parent
-    return sorted(p for ext in ("png", "pdf") for p in where.glob(f"*.{ext}") if changed(p, before))
+    return sorted(p for ext in ("png", "pdf", "svg") for p in where.glob(f"*.{ext}") if changed(p, before))

@@ -7,11 +7,13 @@ one-line error that says so and what to do."""
 
 from __future__ import annotations
 
+import copy
 import errno
+import functools
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -108,8 +110,15 @@ def parse_yaml(text: str):
 
 def read_yaml(path: Path) -> dict:
     """A YAML file (a run's config.yaml) by `parse_yaml`, for a report that reads a few keys of hundreds of
-    runs' configs; {} for an empty file."""
-    return parse_yaml(Path(path).read_text(encoding="utf-8")) or {}
+    runs' configs; {} for an empty file. A report's sections read the same configs again: the same text is
+    parsed once per process (kept by its contents, so a rewritten file is parsed anew), and the caller gets a
+    copy of its own to change."""
+    return copy.deepcopy(_parsed_yaml(Path(path).read_text(encoding="utf-8")))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_yaml(text: str) -> dict:
+    return parse_yaml(text) or {}
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
@@ -128,22 +137,18 @@ def save_torch(path: Path, obj, keep: Path | None = None) -> Path:
     return atomic_write(path, write, keep)
 
 
-def save_figure(fig, stem: Path) -> list[Path]:
-    """Save a matplotlib figure as stem.png and stem.pdf, each atomically."""
+def save_figure(fig, stem: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """Save a matplotlib figure as stem.png, stem.pdf, ... (the config's `figures`), each atomically. No
+    date in a PDF or SVG and no random ids in an SVG: redrawing unchanged CSVs gives the same files."""
+    import matplotlib
+
+    metadata = {"png": None, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
     out = []
-    for ext in ("png", "pdf"):
-        target = Path(f"{stem}.{ext}")
-        out.append(
-            atomic_write(
-                target,
-                # No creation date in the PDF: redrawing unchanged CSVs gives the same file.
-                lambda tmp, ext=ext: fig.savefig(
-                    tmp,
-                    format=ext,
-                    dpi=150,
-                    bbox_inches="tight",
-                    metadata={"CreationDate": None} if ext == "pdf" else None,
-                ),
-            )
-        )
+    for ext in formats:
+
+        def write(tmp: Path, ext: str = ext) -> None:
+            with matplotlib.rc_context({"svg.hashsalt": "normprop"}):
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight", metadata=metadata[ext])
+
+        out.append(atomic_write(Path(f"{stem}.{ext}"), write))
     return out

@@ -14,6 +14,7 @@ A new config key needs its field here beside its value in YAML, but for an exper
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cache
 from typing import Any
 
@@ -21,6 +22,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 # OmegaConf 2.3 has no unions of value types: a key that takes true, false or a word (auto), or a number
 # or a word (half), is Any, and engine.job.validate or its reader checks it.
+
+
+class Figure(Enum):
+    """A format a figure is saved in (`figures`)."""
+
+    png = "png"
+    pdf = "pdf"
+    svg = "svg"
 
 
 @dataclass
@@ -202,6 +211,7 @@ class Config:
     quiet: bool = MISSING
     jobs: int = MISSING
     method: str | None = MISSING
+    figures: list[Figure] = MISSING
     train: Train = MISSING
     dataset: Dataset = MISSING
     model: Model = MISSING
@@ -217,7 +227,7 @@ def checked(cfg: DictConfig) -> DictConfig:
     refuses (ValidationError). Returned plain (no schema attached, struct off, as the program extends it
     with keys of its own, e.g. a grid built in Python): the keys of `cfg` in its order, each value as its
     type has it (true for a boolean given as yes)."""
-    typed = OmegaConf.to_container(OmegaConf.merge(_schema(), cfg))
+    typed = OmegaConf.to_container(OmegaConf.merge(_schema(), cfg), enum_to_str=True)
     return OmegaConf.create(_like(typed, OmegaConf.to_container(cfg)))
 
 

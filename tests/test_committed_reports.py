@@ -16,16 +16,11 @@ RESULTS = ROOT / "results"
 REPORTS = sorted(p.parent for p in RESULTS.rglob("REPORT.md"))
 
 
-@pytest.fixture(scope="module")
-def copy(tmp_path_factory):
-    out = tmp_path_factory.mktemp("committed") / "results"
-    shutil.copytree(RESULTS, out, ignore=shutil.ignore_patterns("*.pt", "*.lock"))
-    return out
-
-
 @pytest.mark.parametrize("tree", REPORTS, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_the_report_rewrites_the_committed_report_and_verdicts_byte_for_byte(copy, tree, monkeypatch):
+def test_the_report_rewrites_the_committed_report_and_verdicts_byte_for_byte(tree, tmp_path, monkeypatch):
+    copy = tmp_path / "results"  # the tree alone (results: all of it, as its report reads the nested trees)
     where = copy / tree.relative_to(RESULTS)
+    shutil.copytree(tree, where, ignore=shutil.ignore_patterns("*.pt", "*.lock"))
     monkeypatch.chdir(copy.parent)  # as from the repository's root: the commands it suggests name no directory
     relative = where.relative_to(copy.parent).as_posix()
     result = CliRunner().invoke(app, ["report", "--results-dir", relative], catch_exceptions=False)

@@ -115,3 +115,13 @@ def test_a_value_is_what_its_type_makes_it():
     cfg = config.load("table1", preset="smoke", overrides=["train.augment=yes", "train.lr=1", "model.center=off"])
     assert (cfg.train.augment, cfg.train.lr, cfg.model.center) == (True, 1.0, False)
     assert type(cfg.train.lr) is float
+
+
+def test_figures_take_the_formats_matplotlib_writes_and_every_preset_but_smoke_saves_png_and_pdf(cli):
+    for preset in config.options("preset"):
+        expected = ["png"] if preset == "smoke" else ["png", "pdf"]
+        assert list(config.load("table1", preset=preset).figures) == expected, preset
+    assert list(config.load("table1", overrides=["figures=[svg]"]).figures) == ["svg"]
+    result = cli("run", "table1", "--preset", "smoke", "figures=[gif]")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "figures" in result.output and "png" in result.output

@@ -63,3 +63,32 @@ def test_read_yaml_gives_a_run_config_s_keys_as_omegaconf_does(tmp_path):
             value = value[part]
         assert value == OmegaConf.select(loaded, key), key
     assert float(plain["train"]["weight_decay"]) == float(loaded.train.weight_decay)
+
+
+def test_read_yaml_follows_a_rewritten_file_and_hands_out_copies(tmp_path):
+    path = io.write_text(tmp_path / "config.yaml", "train:\n  epochs: 1\n")
+    first = io.read_yaml(path)
+    first["train"]["epochs"] = 99  # a caller's change stays its own
+    assert io.read_yaml(path) == {"train": {"epochs": 1}}
+    path.write_text("train:\n  epochs: 2\n")  # the same size, in place, within the same clock tick
+    assert io.read_yaml(path) == {"train": {"epochs": 2}}
+    path.write_text("")
+    assert io.read_yaml(path) == {}
+
+
+@pytest.mark.parametrize("formats", [("png",), ("png", "pdf", "svg")])
+def test_a_figure_is_saved_in_each_format_asked_and_redrawn_to_the_same_bytes(tmp_path, formats):
+    """The config's `figures` (smoke: PNG alone). A PDF or SVG carries no date, so an unchanged figure is
+    rewritten byte for byte."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    paths = io.save_figure(fig, tmp_path / "a", formats)
+    assert [p.name for p in paths] == [f"a.{f}" for f in formats] and sorted(tmp_path.iterdir()) == sorted(paths)
+    before = {p: p.read_bytes() for p in paths}
+    assert {p: p.read_bytes() for p in io.save_figure(fig, tmp_path / "a", formats)} == before
+    plt.close(fig)

@@ -14,7 +14,6 @@ failure and raises it, and on Ctrl-C stops every task, says which runs are unfin
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
@@ -243,9 +242,10 @@ def start_worker(slots, datasets: list[dict]) -> None:
 
 
 class Workers:
-    """`workers` worker processes on this machine (ProcessPoolExecutor, 'spawn': safe with CUDA), each on its
-    own GPU where several are visible, else on its share of the CPU threads (worker_threads of the run's
-    `jobs`). Started with the first tasks, kept for the later rounds of the same command."""
+    """`workers` worker processes on this machine (ProcessPoolExecutor, started as `device.worker_context`
+    says), each on its own GPU where several are visible, else on its share of the CPU threads
+    (worker_threads of the run's `jobs`). Started with the first tasks, kept for the later rounds of the same
+    command."""
 
     live = False
 
@@ -260,7 +260,7 @@ class Workers:
 
     def _start(self, plan: Plan) -> ProcessPoolExecutor:
         if self.pool is None:
-            ctx = multiprocessing.get_context("spawn")
+            ctx = devices.worker_context()
             slots = ctx.Queue()
             for device in self.devices:
                 slots.put(device)

@@ -3,7 +3,7 @@ shuffled per round (`round_order`), before any of them trains epoch r + 1. A slo
 machine then falls on all the methods of a round alike, and C6 pairs them round by round
 (verdicts.rounds).
 
-Each setting (method) of the grid has one worker process ('spawn'), which trains that setting's runs
+Each setting (method) of the grid has one worker process (`device.worker_context`), which trains that setting's runs
 seed after seed in its main thread, through the engine's own `train_one` (checkpoint, metrics.csv and
 manifest after every epoch, the run's lock, resume, a diverged run's end), with the threads of this
 process: each epoch is timed as in a run of its own. Between its epochs a worker waits on its pipe for
@@ -22,7 +22,6 @@ keeps each run's finished epochs: the same command resumes them; a rerun reuses 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import socket
@@ -199,7 +198,7 @@ def train_in_rounds(cfg: DictConfig, specs: Sequence[RunSpec]) -> list[dict]:
     if todo:
         check_data(cfg, todo)  # fetched once, or refused, before any worker starts
         device = str(devices.resolve(cfg.device))
-        ctx = multiprocessing.get_context("spawn")
+        ctx = devices.worker_context()
         settings = list(dict.fromkeys(s.setting for s in specs))  # the grid's order
         lanes = {name: Lane(ctx, name, device, torch.get_num_threads()) for name in settings}
         count = {"n": len(specs) - len(todo), "of": len(specs)}

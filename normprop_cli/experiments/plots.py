@@ -72,8 +72,8 @@ def pyplot():
 
 
 def save(fig, cfg: DictConfig, name: str) -> list[Path]:
-    """`<sweep>/<name>.png` and `.pdf`, atomically."""
-    paths = io.save_figure(fig, sweep_dir(cfg) / name)
+    """`<sweep>/<name>.png`, `.pdf`, ... (the config's `figures`), atomically."""
+    paths = io.save_figure(fig, sweep_dir(cfg) / name, cfg.figures)
     pyplot().close(fig)
     return paths
 

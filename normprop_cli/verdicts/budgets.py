@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from normprop_cli.io import parse_yaml
+from normprop_cli.io import read_json, read_yaml
 
 BUDGET_KEYS = ("train.epochs", "train.lr_halve_every", "train.max_steps", "train.probe_images", "dataset.limit",
                "dataset.train_limit", "model.width", "theory.depth", "theory.width", "theory.batch",
@@ -55,9 +55,9 @@ def _flat(data: object, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _read(path: Path, parse) -> dict:
+def _read(path: Path, read) -> dict:
     try:
-        data = parse(path.read_text())
+        data = read(path)
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -82,9 +82,9 @@ def budget(tree: Path, experiment: str) -> Budget:
     b = Budget(experiment)
     stored = Path(tree) / experiment / "config.yaml"
     if stored.is_file():  # an experiment that trains no run keeps its config here
-        _count(b, _read(stored, parse_yaml))
+        _count(b, _read(stored, read_yaml))
     for run in sorted(Path(tree).glob(f"{experiment}/*/runs/*")):
-        manifest = _read(run / "manifest.json", json.loads)
+        manifest = _read(run / "manifest.json", read_json)
         if not manifest:
             continue
         started = parse_time(manifest.get("started") or "")
@@ -100,7 +100,7 @@ def budget(tree: Path, experiment: str) -> Budget:
         b.runs += 1
         if isinstance(manifest.get("seed"), int):
             b.seeds.add(manifest["seed"])
-        _count(b, _read(run / "config.yaml", parse_yaml))
+        _count(b, _read(run / "config.yaml", read_yaml))
     return b
 
 

@@ -141,7 +141,7 @@ def plot(cfg: DictConfig) -> list[Path]:
     ):
         for stem, draw in FIGURES.items():
             fig = draw(plt, tables, cfg)
-            paths += io.save_figure(fig, out / stem)
+            paths += io.save_figure(fig, out / stem, cfg.figures)
             plt.close(fig)
     return paths
 

@@ -28,7 +28,7 @@ def test_every_experiment_yaml_has_a_runner():
 def compositions() -> list[tuple[str, str | None, str | None]]:
     """Every pair of group choices (experiment and preset, experiment and data set, preset and data set), and
     every triple for an experiment with a file of its own for a data set (conf/experiment_dataset/): each file
-    under conf/ composed with each it can meet, in a third of the whole product's compositions."""
+    under conf/ composed with each it can meet, in fewer than half the whole product's compositions."""
     experiments, presets, datasets = (config.options(g) for g in ("experiment", "preset", "dataset"))
     own = {name.split("_")[0] for name in config.options("experiment_dataset")}
     every = [(e, p, None) for e in experiments for p in presets] + [(e, None, d) for e in experiments for d in datasets]

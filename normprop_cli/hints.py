@@ -22,7 +22,7 @@ import typer
 from omegaconf import DictConfig
 from typer.core import TyperGroup
 
-from normprop_cli import config
+from normprop_cli import config, schema
 
 try:  # the copy of click that Typer raises its usage errors from, where it carries its own
     from typer._click import exceptions as usage
@@ -152,6 +152,7 @@ def wrote(out: Path, before: dict[Path, bytes]) -> str:
 
 
 def figures(out: Path, before: dict[Path, bytes]) -> list[Path]:
-    """The figures (PNG, PDF, SVG) beside a run's CSVs that are new or differ from `before` (contents())."""
+    """The figures (in any format of `figures`) beside a run's CSVs that are new or differ from `before`
+    (contents())."""
     where = out if out.is_dir() else out.parent
-    return sorted(p for ext in ("png", "pdf", "svg") for p in where.glob(f"*.{ext}") if changed(p, before))
+    return sorted(p for ext in schema.Figure for p in where.glob(f"*.{ext.value}") if changed(p, before))

@@ -7,7 +7,7 @@ import torch
 
 from normprop_cli import config
 from normprop_cli.experiments.drift.ablation import is_reference, label
-from normprop_cli.experiments.drift.mean_report import rule
+from normprop_cli.experiments.drift.mean_report import _depth, rule
 from normprop_cli.experiments.drift.moments import MOMENTS_COLUMNS, MomentsProbe, normalised_map
 from normprop_cli.nn.centred import CentredNormPropConv2d
 from normprop_cli.nn.layers import NormPropConv2d
@@ -89,3 +89,41 @@ def test_the_rule_paragraph_states_its_facts():
     (text,) = prose.render("drift_mean", facts | {"reading": "a cause", "repair": "the mean oracle"})
     assert "Reading: the mean is named a cause: the mean oracle lower the final average |mean|." in text
     assert "by its letter" not in text
+
+
+def test_how_a_quantity_goes_with_depth_is_counted_step_by_step():
+    by_layer = pd.Series([0.6, 0.9, 2.8, 1.1, 35.2], index=[6, 2, 3, 4, 5])  # out of order: read by layer
+    assert _depth(by_layer) == {"first": 0.9, "first_layer": 2, "last": 0.6, "last_layer": 6, "rises": 2, "steps": 4}
+
+
+def test_the_spread_paragraph_says_how_it_goes_with_depth_and_which_settings_lower_it():
+    """The words follow the facts: larger or not in the last layer than the first, the rises counted, and the
+    settings that lower the final average std named, where earlier words said "grows with depth" and "no
+    setting" whatever the numbers."""
+    from normprop_cli import prose
+
+    depth = {"first": 0.5, "first_layer": 2, "last": 3.0, "last_layer": 9, "rises": 5, "steps": 7}
+    shrinks = depth | {"first": 3.0, "last": 0.5, "rises": 1}
+    ends = [{"layer": 2, "mean_sq": "0.10", "var": "0.60"}, {"layer": 9, "mean_sq": "1.00", "var": "0.40"}]
+    decomposition = {"verdict": "spread", "epoch": 6, "layers": "2-9", "share": _ci(0.2), "bn_share": _ci(0.2),
+                     "first": None, "start": {"mean_sq": "0.20", "var": "0.80"}, "ends": ends,
+                     "depth": {"mean_sq": depth, "var": shrinks}, "corr_low": 0.4, "corr_high": 0.7,
+                     "corr_layers": "2-8"}  # fmt: skip
+    left = {"var": _ci(6.0), "layers": "2-9", "depth": depth, "lowered": [], "compared": 10, "sigma": shrinks}
+    facts = {"decomposition": decomposition, "left": left, "reading": "undecided", "repair": "", "repairs": [],
+             "both": None, "worse": False, "epoch": 6, "seeds": 3, "level": 0.95}  # fmt: skip
+    first, last = prose.render("drift_mean", facts)[0], prose.render("drift_mean", facts)[-1]
+    assert "Only mean^2 is larger in the last hidden layer than in the first: layer 2 ends at 0.10 and 0.60" in first
+    assert "mean^2 rises at 5 and |var - 1| at 1 of the 7 steps from one layer to the next." in first
+    assert "(above 0; 0.50 at layer 2, 3.00 at layer 9, rising at 5 of the 7 steps" in last
+    assert "and none of the 10 settings compared with NormProp lowers the final average std" in last
+    assert "sigma^2 is itself not larger in the last layer than in the first (3.00 at layer 2, 0.50 at layer 9" in last
+    left |= {"lowered": ["NormProp on ZCA-whitened input"], "var": _ci(0.5, -0.2, 1.2)}
+    last = prose.render("drift_mean", facts)[-1]
+    assert "(not told apart from 0;" in last
+    assert "settings compared with NormProp, NormProp on ZCA-whitened input lowers the final average std" in last
+
+
+def _ci(mean: float, low: float | None = None, high: float | None = None) -> dict:
+    low = mean - 0.1 if low is None else low
+    return {"mean": mean, "ci_low": low, "ci_high": mean + 0.1 if high is None else high, "n": 3, "sd": 0.1}

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from normprop_cli import prose, statistics
 from normprop_cli.experiments import plots
 from normprop_cli.experiments import tables as run_tables
-from normprop_cli.experiments.drift.ablation import comparisons, read_optional
+from normprop_cli.experiments.drift.ablation import comparisons, label, read_optional
 from normprop_cli.experiments.drift.moments import MOMENTS_COLUMNS
 from normprop_cli.experiments.drift.tables import learned_rows
 
@@ -129,7 +129,7 @@ def mean_facts(cfg: DictConfig) -> dict | None:
     has_both = both is not None and set(RULED) <= set(both.index)
     return {
         "decomposition": _decomposition(m),
-        "left": _left(cfg, m),
+        "left": _left(cfg, m, c),
         **_reading_facts(reading, repair),
         "repairs": [_compared(REPAIRS[s], v) for s, v in found.items() if len(v) == 3],
         "both": _compared("", {q: both.loc[q] for q in RULED}) if has_both else None,
@@ -146,22 +146,43 @@ def mean_paragraphs(cfg: DictConfig) -> list[str]:
     return prose.render("drift_mean", facts) if facts else []
 
 
-def _left(cfg: DictConfig, m: pd.DataFrame) -> dict | None:
-    """What is left once the mean is out: NormProp's final var - 1 over seeds, and the input variance the
-    Sigma-oracle holds at its first and last layer (`sigma`, None without sigma_oracle.csv)."""
+def _left(cfg: DictConfig, m: pd.DataFrame, c: pd.DataFrame) -> dict | None:
+    """What is left once the mean is out: NormProp's final var - 1 over seeds (`var`) and by layer (`depth`),
+    the settings whose final average std is lower than NormProp's with an interval below 0 (`lowered`, their
+    labels) out of the `compared` ones, and the input variance the Sigma-oracle holds by layer at the last
+    epoch (`sigma`, a `_depth`; None without sigma_oracle.csv)."""
     g = m[(m["setting"] == "normprop-moments") & m["layer"].isin(HIDDEN)]
     if not len(g):
         return None
     last = g[g["epoch"] == g["epoch"].max()]
     var = last.groupby("seed")["var_minus_1"].mean()
+    std = c[c["quantity"] == "avg_std"]
+    lowered = std[std["reading"] == "reduces"]
     oracle = read_optional(cfg, "sigma_oracle")
     o = oracle[oracle["setting"] == "normprop-sigma-oracle"] if len(oracle) else oracle
-    sigma = None
-    if len(o):
-        end = o[o["epoch"] == o["epoch"].max()].groupby("layer")["input_var"].mean()
-        sigma = {"first": float(end.iloc[0]), "first_layer": int(end.index[0]),
-                 "last": float(end.iloc[-1]), "last_layer": int(end.index[-1])}  # fmt: skip
-    return {"var": statistics.mean_ci(var), "layers": _span(HIDDEN), "sigma": sigma}
+    sigma = _depth(o[o["epoch"] == o["epoch"].max()].groupby("layer")["input_var"].mean()) if len(o) else None
+    return {
+        "var": statistics.mean_ci(var),
+        "layers": _span(HIDDEN),
+        "depth": _depth(last.groupby("layer")["var_minus_1"].mean()),
+        "lowered": [label(cfg, r["setting"], r["reference"]) for _, r in lowered.iterrows()],
+        "compared": int(std["setting"].nunique()),
+        "sigma": sigma,
+    }
+
+
+def _depth(by_layer: pd.Series) -> dict:
+    """A quantity by layer (a mean over seeds, indexed by layer): its first and last layer's values, and at how
+    many of the steps from one layer to the next it rises (`rises` of `steps`)."""
+    values = by_layer.sort_index()
+    return {
+        "first": float(values.iloc[0]),
+        "first_layer": int(values.index[0]),
+        "last": float(values.iloc[-1]),
+        "last_layer": int(values.index[-1]),
+        "rises": int((values.diff().iloc[1:] > 0).sum()),
+        "steps": len(values) - 1,
+    }
 
 
 def _span(layers) -> str:
@@ -174,7 +195,8 @@ def _decomposition(m: pd.DataFrame) -> dict | None:
     """NormProp's share of the mean at its last epoch (and BatchNorm's), where it lies against one half
     (`verdict`: 'spread', 'mean' or None), the share after the first in-epoch probe (`first`, or None),
     mean^2 and |var - 1| at initialisation and in the first and last hidden layer at the end (`_f`'s
-    strings), and the correlation of W_i^T E[x] / ||W_i|| with the unit's mean over the layers that have it."""
+    strings) and how each goes with depth at the end (`depth`, `_depth`'s), and the correlation of
+    W_i^T E[x] / ||W_i|| with the unit's mean over the layers that have it."""
     ref = "normprop-moments"
     if not (m["setting"] == ref).any():
         return None
@@ -196,6 +218,7 @@ def _decomposition(m: pd.DataFrame) -> dict | None:
             {"layer": int(k), "mean_sq": _f(last.loc[k, "mean_sq"]), "var": _f(last.loc[k, "abs_var_minus_1"])}
             for k in (last.index[0], last.index[-1])
         ],
+        "depth": {"mean_sq": _depth(last["mean_sq"]), "var": _depth(last["abs_var_minus_1"])},
         "corr_low": float(last["corr_wx_out"].min()),
         "corr_high": float(last["corr_wx_out"].max()),
         "corr_layers": _span(corr.index if len(corr) else last.index),

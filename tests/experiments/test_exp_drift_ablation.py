@@ -165,10 +165,11 @@ SPREAD = {"input_std": 1.0, "proj_std": 1.0, "coherence_max": 0.3, "coherence_me
           "patch_samples": 1200}  # fmt: skip
 
 
-def fabricated(tmp_path, shift: dict | None = None) -> DictConfig:
+def fabricated(tmp_path, shift: dict | None = None, final_ratio: dict | None = None) -> DictConfig:
     """The fashion preset's CSVs with chosen numbers, no training; `shift` adds to a setting's final
-    |mean| and std (in N(0, 1) units) without moving its drift."""
-    shift = shift or {}
+    |mean| and std (in N(0, 1) units) without moving its drift; `final_ratio`: a setting's spread ratio at the
+    last epoch (else 2)."""
+    shift, final_ratio = shift or {}, final_ratio or {}
     cfg = config.load("drift", preset="fashion", results_dir=str(tmp_path))
     summary, population, spread, affine, sweep = [], [], [], [], []
     for setting, drifts in DRIFT.items():
@@ -180,7 +181,8 @@ def fabricated(tmp_path, shift: dict | None = None) -> DictConfig:
             head = {"run": f"{setting}-s{seed}", "setting": setting, "method": method, "seed": seed, "width": width}
             summary.append(head | {"status": "complete", "learned": True, "final_test_acc": 88.0 + seed})
             for epoch, layer in itertools.product((0, 6), range(1, 10)):
-                spread.append(head | {"layer": layer, "epoch": epoch, "ratio": 1.0 + epoch / 6} | SPREAD)
+                ratio = final_ratio.get(setting, 2.0) if epoch else 1.0
+                spread.append(head | {"layer": layer, "epoch": epoch, "ratio": ratio} | SPREAD)
                 frozen = setting == "normprop-frozen-affine" or epoch == 0
                 gamma = 1.0 if frozen else 0.9
                 gain = gamma / 1.21 if method == "normprop" else math.nan
@@ -241,6 +243,28 @@ def test_no_ablation_reducing_the_drift_is_said_so(tmp_path):
         DRIFT.update(DRIFT_SAVED)
     closing = next(t for t in texts if t.startswith("No ablation reduces"))
     assert "the Jacobian factor f" in closing and "Not shown to account for it" in closing
+    assert "in every NormProp setting, ablations included, the trained filters line up" in closing
+    assert "BatchNorm's filters line up too (2.00-2.00)" in closing
+
+
+def test_filters_are_said_to_line_up_only_where_every_spread_ratio_is_above_1(tmp_path):
+    """The closing's mechanism sentence says every NormProp setting's filters line up with high-variance
+    directions only where each setting's final spread ratio is above 1, and BatchNorm's only where its are."""
+    saved = dict(DRIFT)
+    try:
+        DRIFT["normprop-no-jacobian"] = [1.40, 1.70, 1.55]  # no ablation reduces the drift: the sentence's case
+        bn_below = {"batchnorm": 0.8, "batchnorm-w1": 0.95}
+        closings = [
+            next(t for t in drift.paragraphs(fabricated(tmp_path / name, final_ratio=ratios))
+                 if t.startswith("No ablation reduces"))
+            for name, ratios in (("zca", {"normprop-zca": 0.9} | bn_below), ("bn", bn_below))
+        ]  # fmt: skip
+    finally:
+        DRIFT.clear()
+        DRIFT.update(saved)
+    assert "line up" not in closings[0] and "What the ablations leave" not in closings[0]
+    assert "in every NormProp setting, ablations included, the trained filters line up" in closings[1]
+    assert "BatchNorm's filters have spread ratios (0.80-0.95) but" in closings[1]
 
 
 def test_an_ablation_without_which_the_inputs_leave_n01_further_is_ruled_out(tmp_path):

@@ -304,12 +304,23 @@ def activation_facts(cfg: DictConfig) -> dict:
             }
             for a, g in gaps.groupby("activation", sort=False)
         ],
+        "batchnorm_lowest": _batchnorm_lowest(gaps),
         "own": _each(c8.own_changes(wide), sort=True),  # sorted by the activation's key
         "works": statistics.mean_ci(works["change"]),
         "margin": _margin(statistics.mean_ci(works["change"]), wide),
         "constants": _each(gains, sort=False),
         "constants_worst": statistics.mean_ci(c8.worst(gains)["change"]) if len(gains) else None,
     }
+
+
+def _batchnorm_lowest(gaps: pd.DataFrame) -> dict | None:
+    """BatchNorm's lowest mean accuracy over the activations and ReLU's (`name`, `acc`, `relu`): what a
+    NormProp-against-BatchNorm gap measures of BatchNorm itself at the shared rate. None where ReLU has no
+    pair or is itself BatchNorm's lowest."""
+    acc = pd.Series({a: g["batchnorm"].mean() for a, g in gaps.groupby("activation", sort=False)})  # as "gaps"
+    if "relu" not in acc or acc.idxmin() == "relu":
+        return None
+    return {"name": _name(acc.idxmin()), "acc": float(acc.min()), "relu": float(acc["relu"])}
 
 
 def _each(changes: pd.DataFrame, sort: bool) -> list[dict]:

@@ -105,6 +105,10 @@ def test_the_paragraphs_state_the_facts_and_name_the_claim_conf_gives_the_experi
     assert f"after {facts['epochs']} epochs" in texts[1]
     assert "after 1234 epochs" in prose.render("activations", facts | {"epochs": 1234})[1]
     assert "has no ablation runs here" in prose.render("activations", facts | {"constants": []})[1]
+    lowest = {"name": "sigmoid", "acc": 12.345, "relu": 67.891}
+    said = prose.render("activations", facts | {"batchnorm_lowest": lowest})[1]
+    assert "at the shared rate (BatchNorm 12.35% with sigmoid against 67.89% with ReLU);" in said
+    assert "takes to each activation" not in prose.render("activations", facts | {"batchnorm_lowest": None})[1]
     claim = rule.claim_of(activations.NAME)
     assert claim.experiment == "activations" and f"{claim.id} needs both" in texts[1]
     monkeypatch.setattr(rule, "claims", lambda: (dataclasses.replace(claim, id="C42"),))
@@ -201,3 +205,14 @@ def test_c8_without_ablation_runs_has_no_interval_and_without_results_is_not_mea
     r = c8(tmp_path)
     assert math.isnan(r["ci_low"]) and r["verdict"] == INCONCLUSIVE and "no ablation runs" in r["note"]
     assert f"{rule.claim_of(activations.NAME).id} has no interval" in r["note"]  # the id conf/claims.yaml gives
+
+
+def test_batchnorms_lowest_activation_is_named_beside_relus_only_where_it_is_not_relu():
+    def gaps(accuracies: dict) -> pd.DataFrame:
+        return pd.DataFrame([{"activation": a, "seed": s, "batchnorm": acc + s} for a, acc in accuracies.items()
+                             for s in (0, 1)])  # fmt: skip
+
+    lowest = activations._batchnorm_lowest(gaps({"relu": 90.0, "tanh": 85.0, "sigmoid": 60.0}))
+    assert lowest == {"name": "sigmoid", "acc": 60.5, "relu": 90.5}
+    assert activations._batchnorm_lowest(gaps({"relu": 50.0, "sigmoid": 60.0})) is None
+    assert activations._batchnorm_lowest(gaps({"tanh": 50.0, "sigmoid": 60.0})) is None  # no ReLU to set it beside

@@ -268,3 +268,19 @@ def test_the_findings_state_their_facts_and_name_the_claim_from_claims_yaml(tmp_
     text = " ".join(prose.render("drift_findings", facts))
     assert "contradicts claim C0 (" in text and "an average std of 4.56" in text and "= 7.9 times" in text
     assert "the premise fails" not in text and f"within {facts['premise']:g} of the premise's 1" in text
+    assert facts["normprop"]["correlated"]  # SPREAD's top share 0.4 against white input's 1/600
+    assert "so the input is far from sigma^2 I from the start" in text
+
+
+def test_the_input_is_said_far_from_white_only_where_its_top_eigenvector_holds_more_than_twice_whites_share(tmp_path):
+    from normprop_cli import prose
+    from normprop_cli.experiments.drift.findings import findings_facts
+
+    SPREAD["input_top_eig_fraction"] = 1.5 / 600  # 1.5 times white input's share of the trace (patch_dim 600)
+    try:
+        facts = findings_facts(fabricated(tmp_path, ratio_final=3.21, abs_mean_np=1.87))
+    finally:
+        SPREAD["input_top_eig_fraction"] = 0.4
+    text = " ".join(prose.render("drift_findings", facts))
+    assert not facts["normprop"]["correlated"]
+    assert "so the input starts near sigma^2 I." in text and "far from sigma^2 I" not in text

@@ -23,6 +23,7 @@ from normprop_cli.statistics import format_mean_ci
 from normprop_cli.verdicts.rule import claim_of
 
 PREMISE = 1.2  # a mean ratio above this says the pre-activation's spread is not the input's
+CORRELATED = 2.0  # a top eigenvector's share of the trace this many times white input's: far from sigma^2 I
 SHOWN_LAYERS = (4, 7)  # the wide 5x5 convs after the first, in the headlines
 
 
@@ -78,7 +79,7 @@ def _row(quantity: str, reproduced, paper) -> dict:
 
 def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
     """Per (method, width): the numbers the findings cite, means over seeds (and layers), and whether the
-    final ratio passes Prop. 1's premise (`lined_up`)."""
+    final ratio passes Prop. 1's premise (`lined_up`) and whether the input starts far from white (`correlated`)."""
     out = {}
     for (method, width), g in by_group(spread):
         last = int(g["epoch"].max())
@@ -105,6 +106,9 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
             "top0": mean_at(g, "input_top_eig_fraction", 0)["mean"],
             "top": mean_at(g, "input_top_eig_fraction", last)["mean"],
             "white": float((1.0 / g["patch_dim"]).mean()),
+            "correlated": bool(
+                mean_at(g, "input_top_eig_fraction", 0)["mean"] > CORRELATED * (1.0 / g["patch_dim"]).mean()
+            ),
             "ceiling": float(np.sqrt(final["input_top_eig_fraction"] * final["patch_dim"]).mean()),
             "has_population": False,
         }

@@ -2,7 +2,10 @@
 templates/drift_oracle*.md.j2): each sentence states the numbers of its table of facts, and the readings
 in the facts choose the sentence, not the words around them."""
 
-from normprop_cli import prose
+import pandas as pd
+
+from normprop_cli import config, prose
+from normprop_cli.experiments.drift.oracle_report import note_facts
 
 
 def oracle_setting(**changed) -> dict:
@@ -118,7 +121,7 @@ def test_the_in_epoch_paragraph_states_each_curve_in_order():
 
 def test_the_note_names_each_oracle_that_reduces_the_drift_or_where_its_mean_ends():
     facts = {"shown": True, "reduced": [{"label": "A", "ci": "-1.00 [-2.00, -0.10]"}, {"label": "B", "ci": "-0.5"}],
-             "further": False, "means": [], "reference_mean": None, "mean_tested": False}  # fmt: skip
+             "further": False, "means": [], "reference_mean": None, "mean_no_better": False}  # fmt: skip
     assert prose.render("drift_oracle_note", facts) == [
         "A division that sees the input covariance reduces it: A (-1.00 [-2.00, -0.10]); B (-0.5) (the Sigma-oracle "
         "paragraph below)."
@@ -129,6 +132,29 @@ def test_the_note_names_each_oracle_that_reduces_the_drift_or_where_its_mean_end
                        "means": [{"label": "A", "value": 1.76, "ci": "0.86 [0.09, 1.64]"}]}  # fmt: skip
     (text,) = prose.render("drift_oracle_note", further)
     assert "(average |mean| A 1.76, 0.86 [0.09, 1.64], against 0.89)" in text and text.endswith("(Remark 1).")
-    (tested,) = prose.render("drift_oracle_note", further | {"mean_tested": True})
+    (tested,) = prose.render("drift_oracle_note", further | {"mean_no_better": True})
     assert tested.endswith("do not reduce the drift either (the decomposition and the rule below).")
     assert prose.render("drift_oracle_note", {"shown": False}) == []
+
+
+def test_the_note_says_taking_the_mean_away_reduces_no_drift_only_where_no_such_setting_reduces_it():
+    cfg = config.load("drift", preset="fashion")
+    settings = ["normprop", "normprop-sigma-oracle", "normprop-centred", "normprop-mean-oracle"]
+    by = pd.DataFrame({"label": settings, "method": "normprop", "width": 0.25}, index=settings)
+
+    def comparisons(centred_drift: str) -> pd.DataFrame:
+        readings = {"normprop-sigma-oracle": ("increases", "increases"),
+                    "normprop-centred": (centred_drift, "increases"),
+                    "normprop-mean-oracle": ("increases", "increases")}  # fmt: skip
+        return pd.DataFrame([
+            {"setting": k, "quantity": q, "value": 1.0, "reference_value": 0.5, "diff": 0.5, "low": 0.1, "high": 0.9,
+             "reading": r}
+            for k, (drift, mean) in readings.items() for q, r in (("avg_drift", drift), ("avg_abs_mean", mean))
+        ])  # fmt: skip
+
+    assert note_facts(cfg, by, comparisons("increases"))["mean_no_better"]
+    assert note_facts(cfg, by, comparisons("cannot be told apart"))["mean_no_better"]
+    assert not note_facts(cfg, by, comparisons("reduces"))["mean_no_better"]
+    assert not note_facts(cfg, by.drop(index=["normprop-centred", "normprop-mean-oracle"]), comparisons("increases"))[
+        "mean_no_better"
+    ]  # no setting takes the mean away

@@ -99,11 +99,13 @@ def _takes_mean(get) -> bool:
 
 def note_facts(cfg: DictConfig, by: pd.DataFrame, c: pd.DataFrame) -> dict:
     """The oracle settings' drift readings; where none reduces it, whether each ends further from mean 0
-    than its main setting (average |mean|), and whether the grid also takes the mean away."""
+    than its main setting (average |mean|), and whether the grid also takes the mean away in settings none of
+    which reduces the drift (`mean_no_better`)."""
     found = [k for k in oracle_settings(cfg, by) if _quantity(c, k, "avg_drift") is not None]
     drifts = {k: _quantity(c, k, "avg_drift") for k in found}
     means = {k: _quantity(c, k, "avg_abs_mean") for k in found}
     further = bool(means) and all(m is not None and m["reading"] == "increases" for m in means.values())
+    mean_drifts = [_quantity(c, k, "avg_drift") for k in by.index if _takes_mean(entry_get(cfg, k))]
     return {
         "shown": bool(found),
         "reduced": [
@@ -119,7 +121,7 @@ def note_facts(cfg: DictConfig, by: pd.DataFrame, c: pd.DataFrame) -> dict:
         if further
         else [],
         "reference_mean": next(iter(means.values()))["reference_value"] if further else None,
-        "mean_tested": any(_takes_mean(entry_get(cfg, k)) for k in by.index),
+        "mean_no_better": bool(mean_drifts) and all(d is not None and d["reading"] != "reduces" for d in mean_drifts),
     }
 
 

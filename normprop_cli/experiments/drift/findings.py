@@ -86,6 +86,7 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
         by_layer = g[g["epoch"] == last].groupby("layer")["ratio"].mean()
         final = g[g["epoch"] == last]
         ratio = mean_at(g, "ratio", last)["mean"]
+        top0, white = mean_at(g, "input_top_eig_fraction", 0)["mean"], float((1.0 / g["patch_dim"]).mean())
         out[method, width] = {
             "width": width,
             "full": width >= 1.0,
@@ -103,12 +104,10 @@ def _summary(spread: pd.DataFrame, population: pd.DataFrame) -> dict:
             "cos_random": mean_at(g, "coherence_random", last)["mean"],
             "mu0": mean_at(g, "coherence_max", 0)["mean"],
             "mu": mean_at(g, "coherence_max", last)["mean"],
-            "top0": mean_at(g, "input_top_eig_fraction", 0)["mean"],
+            "top0": top0,
             "top": mean_at(g, "input_top_eig_fraction", last)["mean"],
-            "white": float((1.0 / g["patch_dim"]).mean()),
-            "correlated": bool(
-                mean_at(g, "input_top_eig_fraction", 0)["mean"] > CORRELATED * (1.0 / g["patch_dim"]).mean()
-            ),
+            "white": white,
+            "correlated": bool(top0 > CORRELATED * white),
             "ceiling": float(np.sqrt(final["input_top_eig_fraction"] * final["patch_dim"]).mean()),
             "has_population": False,
         }

@@ -293,18 +293,20 @@ def activation_facts(cfg: DictConfig) -> dict:
     if not facts["compared"]:
         return facts
     gains = c8.constants_gains(wide)
+    by = gaps.groupby("activation", sort=False)
+    batchnorm = {a: g["batchnorm"].mean() for a, g in by}
     return facts | {
         "epochs": int(summary["epochs_done"].max()) if "epochs_done" in summary else 0,
         "gaps": [
             {
                 "name": _name(a),
                 "normprop": g["normprop"].mean(),
-                "batchnorm": g["batchnorm"].mean(),
+                "batchnorm": batchnorm[a],
                 "gap": statistics.mean_ci(g["gap"]),
             }
-            for a, g in gaps.groupby("activation", sort=False)
+            for a, g in by
         ],
-        "batchnorm_lowest": _batchnorm_lowest(gaps),
+        "batchnorm_lowest": _batchnorm_lowest(batchnorm),
         "own": _each(c8.own_changes(wide), sort=True),  # sorted by the activation's key
         "works": statistics.mean_ci(works["change"]),
         "margin": _margin(statistics.mean_ci(works["change"]), wide),
@@ -313,14 +315,14 @@ def activation_facts(cfg: DictConfig) -> dict:
     }
 
 
-def _batchnorm_lowest(gaps: pd.DataFrame) -> dict | None:
-    """BatchNorm's lowest mean accuracy over the activations and ReLU's (`name`, `acc`, `relu`): what a
-    NormProp-against-BatchNorm gap measures of BatchNorm itself at the shared rate. None where ReLU has no
-    pair or is itself BatchNorm's lowest."""
-    acc = pd.Series({a: g["batchnorm"].mean() for a, g in gaps.groupby("activation", sort=False)})  # as "gaps"
-    if "relu" not in acc or acc.idxmin() == "relu":
+def _batchnorm_lowest(batchnorm: dict[str, float]) -> dict | None:
+    """Of BatchNorm's mean accuracy per activation (`batchnorm`, the paired runs'), the lowest beside ReLU's
+    (`name`, `acc`, `relu`): what a NormProp-against-BatchNorm gap measures of BatchNorm itself at the shared
+    rate. None where ReLU has no pair or is itself BatchNorm's lowest."""
+    lowest = min(batchnorm, key=batchnorm.get, default=None)
+    if "relu" not in batchnorm or lowest == "relu":
         return None
-    return {"name": _name(acc.idxmin()), "acc": float(acc.min()), "relu": float(acc["relu"])}
+    return {"name": _name(lowest), "acc": float(batchnorm[lowest]), "relu": float(batchnorm["relu"])}
 
 
 def _each(changes: pd.DataFrame, sort: bool) -> list[dict]:
